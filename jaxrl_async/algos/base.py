@@ -1,0 +1,92 @@
+"""The algorithm bundle and the data it learns from. Pure functions only: no threads, no queues.
+
+An algorithm is `Algorithm(init, make_policy, update, actor_params, extras_spec)`:
+- `init(key) -> state`: the learner's named train state (params, optimiser state, version...).
+- `make_policy(actor_index) -> policy(actor_params, obs [B, ...], key) -> (action [B, ...],
+  extras)`: what an actor runs; `extras` (e.g. behaviour log-probs) travel in the rollout.
+- `update(state, batch) -> (state, metrics)`: one learner step on a `Rollout` batch. It runs
+  inside `shard_map` over the learner axis `axis_name`: `batch` is this device's slice of the
+  env axis, and every cross-device reduction (gradients, counts) is done here with `lax.psum`.
+- `actor_params(state)`: what the learner publishes to actors (params, and normaliser state
+  or schedule step where the algorithm has them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_async.types import Array, Metrics, PRNGKey
+
+
+@flax.struct.dataclass
+class Rollout:
+  """T steps x B envs, time-major. Transition t goes from obs[t] with actions[t] to obs[t+1].
+
+  obs [T+1, B, ...]; actions [T, B, ...]; rewards [T, B] (as learned from, e.g. clipped);
+  terminated [T, B]: obs[t+1] is terminal (no bootstrap); truncated [T, B]: obs[t+1] ends the
+  episode by a time limit (bootstrap from it, but cut the trace there); valid [T, B]: transition
+  t is real (false for EnvPool's reset step after an episode end); extras: per-step arrays
+  [T, B, ...] the behaviour policy recorded (e.g. "logp").
+  """
+
+  obs: Array
+  actions: Array
+  rewards: Array
+  terminated: Array
+  truncated: Array
+  valid: Array
+  extras: dict[str, Array]
+
+
+class Algorithm(NamedTuple):
+  name: str
+  init: Callable[[PRNGKey], Any]
+  make_policy: Callable[[int], Callable[[Any, Array, PRNGKey], tuple[Array, dict[str, Array]]]]
+  update: Callable[[Any, Rollout], tuple[Any, Metrics]]
+  actor_params: Callable[[Any], Any]
+  extras_spec: dict[str, tuple[tuple[int, ...], np.dtype]]
+  grad_steps_per_update: int = 1
+
+
+def concat_rollouts(rollouts: tuple[Rollout, ...]) -> Rollout:
+  """Joins rollouts along the env axis (axis 1)."""
+  if len(rollouts) == 1:
+    return rollouts[0]
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *rollouts)
+
+
+def global_mean(x: Array, mask: Array, axis_name: str) -> Array:
+  """Mean of x over the `mask`ed entries of every device's shard."""
+  count = jax.lax.psum(mask.sum(), axis_name)
+  return jax.lax.psum((x * mask).sum(), axis_name) / jnp.maximum(count, 1.0)
+
+
+def minibatch_epochs(key: PRNGKey, batch: Rollout, num_epochs: int, num_minibatches: int,
+                     step: Callable[[Any, Rollout], tuple[Any, Metrics]], carry: Any
+                     ) -> tuple[Any, Metrics]:
+  """Runs `step` over `num_epochs` shuffles of `num_minibatches` env-axis slices of `batch`.
+
+  One `lax.scan` over epochs of a `lax.scan` over minibatches, so the whole update is one compile
+  boundary. Minibatches split whole env columns, which keeps each trajectory intact for V-trace
+  and GAE. Returns the final carry and the metrics of the last minibatch step.
+  """
+  num_envs = batch.rewards.shape[1]
+  if num_epochs == 1 and num_minibatches == 1:
+    return step(carry, batch)
+
+  def epoch(carry, key):
+    perm = jax.random.permutation(key, num_envs)
+    shuffled = jax.tree.map(lambda x: jnp.take(x, perm, axis=1), batch)
+    split = jax.tree.map(
+        lambda x: jnp.swapaxes(
+            x.reshape(x.shape[:1] + (num_minibatches, -1) + x.shape[2:]), 0, 1), shuffled)
+    return jax.lax.scan(step, carry, split)
+
+  carry, metrics = jax.lax.scan(epoch, carry, jax.random.split(key, num_epochs))
+  return carry, jax.tree.map(lambda m: m[-1, -1], metrics)

@@ -1,0 +1,277 @@
+"""Frozen, validated configuration: one dataclass per component, one `TrainConfig` over them.
+
+Field names are the launcher's flag names, so every validation message can name the flag
+(`--num_envs=0: must be >= 1`). Each field carries its help text in `metadata["help"]`; the
+launcher builds its flags from these, so a field and its flag can never drift apart.
+Derived sizes are properties, never written back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+
+class ConfigError(ValueError):
+  """A bad configuration value, reported as one line that names the flag."""
+
+  def __init__(self, flag: str, value: Any, allowed: str):
+    self.flag, self.value, self.allowed = flag, value, allowed
+    super().__init__(f"--{flag}={value!r}: {allowed}")
+
+
+def _f(default: Any, help: str) -> Any:  # noqa: A002 - mirrors absl's argument name
+  if isinstance(default, list | dict):
+    raise TypeError("mutable defaults are not allowed in frozen configs")
+  return dataclasses.field(default=default, metadata={"help": help})
+
+
+def _check(ok: bool, flag: str, value: Any, allowed: str) -> None:
+  if not ok:
+    raise ConfigError(flag, value, allowed)
+
+
+def _positive(obj: Any, *names: str) -> None:
+  for name in names:
+    value = getattr(obj, name)
+    _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+           name, value, "must be an integer >= 1")
+
+
+def _unit_interval(obj: Any, *names: str, closed_low: bool = True) -> None:
+  for name in names:
+    value = getattr(obj, name)
+    ok = isinstance(value, int | float) and (0.0 <= value if closed_low else 0.0 < value)
+    _check(ok and value <= 1.0, name, value,
+           f"must be in {'[' if closed_low else '('}0, 1]")
+
+
+def _non_negative(obj: Any, *names: str) -> None:
+  for name in names:
+    value = getattr(obj, name)
+    _check(isinstance(value, int | float) and value >= 0, name, value, "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+  env_id: str = _f("CartPole-v1", "EnvPool task id, e.g. CartPole-v1, Breakout-v5, Hopper-v4.")
+  num_envs: int = _f(16, "Environments per actor (one EnvPool per actor thread).")
+  env_batch_size: int = _f(0, "EnvPool batch size; < num_envs is async mode, 0 means num_envs.")
+  env_threads: int = _f(0, "EnvPool worker threads per actor; 0 lets EnvPool decide.")
+  episodic_life: bool = _f(False, "Atari: end the training episode at a life loss.")
+  reward_clip: bool = _f(True, "Atari: clip rewards to {-1, 0, 1} (statistics keep raw returns).")
+  frame_stack: int = _f(4, "Atari: frames stacked per observation.")
+
+  def __post_init__(self):
+    _check(isinstance(self.env_id, str) and bool(self.env_id), "env_id", self.env_id,
+           "must be a non-empty EnvPool task id")
+    _positive(self, "num_envs", "frame_stack")
+    _non_negative(self, "env_batch_size", "env_threads")
+    _check(self.env_batch_size <= self.num_envs, "env_batch_size", self.env_batch_size,
+           f"must be <= --num_envs={self.num_envs} (0 means equal)")
+
+  @property
+  def batch_size(self) -> int:
+    return self.env_batch_size or self.num_envs
+
+  @property
+  def is_async(self) -> bool:
+    return self.batch_size < self.num_envs
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorConfig:
+  num_actors: int = _f(2, "Actor threads, each stepping its own EnvPool.")
+  rollout_len: int = _f(32, "Steps per env in one rollout (T).")
+
+  def __post_init__(self):
+    _positive(self, "num_actors", "rollout_len")
+
+
+@dataclasses.dataclass(frozen=True)
+class RateConfig:
+  max_policy_lag: int = _f(1, "Hard cap K on policy lag in versions; 0 is synchronous; "
+                           "-1 means no cap (free running, for comparison only).")
+  rollouts_per_update: int = _f(1, "Rollouts the learner concatenates into one update.")
+  queue_capacity: int = _f(0, "Rollout queue bound; 0 derives it from the lag cap.")
+
+  def __post_init__(self):
+    _check(isinstance(self.max_policy_lag, int) and self.max_policy_lag >= -1,
+           "max_policy_lag", self.max_policy_lag, "must be an integer >= 0 (or -1 for no cap)")
+    _positive(self, "rollouts_per_update")
+    _non_negative(self, "queue_capacity")
+
+  @property
+  def capped(self) -> bool:
+    return self.max_policy_lag >= 0
+
+  @property
+  def max_in_flight(self) -> int:
+    """Rollouts started but not yet consumed; (K + 1) U keeps the lag at consumption <= K."""
+    if not self.capped:
+      return max(self.queue_capacity, 4 * self.rollouts_per_update)
+    return (self.max_policy_lag + 1) * self.rollouts_per_update
+
+  @property
+  def resolved_queue_capacity(self) -> int:
+    return max(self.queue_capacity, self.max_in_flight)
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkConfig:
+  network: str = _f("mlp", "Torso: mlp, nature_cnn or impala_resnet.")
+  hidden_sizes: str = _f("64,64", "MLP layer widths, comma separated.")
+  activation: str = _f("tanh", "MLP activation: tanh or relu.")
+  shared_torso: bool = _f(False, "Actor and critic share one torso (always true for CNNs).")
+
+  def __post_init__(self):
+    _check(self.network in ("mlp", "nature_cnn", "impala_resnet"), "network", self.network,
+           "must be one of mlp, nature_cnn, impala_resnet")
+    _check(self.activation in ("tanh", "relu"), "activation", self.activation,
+           "must be tanh or relu")
+    try:
+      sizes = self.layer_sizes
+    except ValueError:
+      sizes = ()
+    _check(len(sizes) >= 1 and all(s >= 1 for s in sizes), "hidden_sizes", self.hidden_sizes,
+           "must be comma-separated positive integers, e.g. 64,64")
+
+  @property
+  def layer_sizes(self) -> tuple[int, ...]:
+    return tuple(int(s) for s in str(self.hidden_sizes).split(",") if s.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+  algo: str = _f("impala", "Algorithm: impala, ppo or dqn.")
+  learner_devices: int = _f(1, "Devices in the data-parallel learner mesh.")
+
+  def __post_init__(self):
+    _check(self.algo in ALGO_CONFIGS, "algo", self.algo,
+           f"must be one of {', '.join(ALGO_CONFIGS)}")
+    _positive(self, "learner_devices")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImpalaConfig:
+  learning_rate: float = _f(1e-3, "Adam learning rate.")
+  anneal_lr: bool = _f(False, "Anneal the learning rate linearly to 0 over total_env_steps.")
+  discount: float = _f(0.99, "Discount gamma.")
+  vtrace_lambda: float = _f(0.95, "V-trace lambda (trace cutting).")
+  clip_rho: float = _f(1.0, "V-trace rho clip for the value targets.")
+  clip_pg_rho: float = _f(1.0, "V-trace rho clip for the policy-gradient advantages.")
+  entropy_coef: float = _f(0.01, "Entropy bonus coefficient.")
+  value_coef: float = _f(0.5, "Value loss coefficient.")
+  max_grad_norm: float = _f(0.5, "Global gradient-norm clip.")
+  num_epochs: int = _f(1, "Passes over each batch (V-trace corrects the reuse).")
+  num_minibatches: int = _f(1, "Minibatches per epoch, split along the env axis.")
+  normalize_advantages: bool = _f(False, "Normalise policy-gradient advantages per minibatch.")
+
+  def __post_init__(self):
+    _check(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be > 0")
+    _unit_interval(self, "discount", "vtrace_lambda")
+    _check(self.clip_rho > 0, "clip_rho", self.clip_rho, "must be > 0")
+    _check(self.clip_pg_rho > 0, "clip_pg_rho", self.clip_pg_rho, "must be > 0")
+    _non_negative(self, "entropy_coef", "value_coef")
+    _check(self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "must be > 0")
+    _positive(self, "num_epochs", "num_minibatches")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  total_env_steps: int = _f(2_000_000, "Stop after this many env steps (all actors together).")
+  stop_at_return: float = _f(475.0, "Stop when return_mean reaches this; nan disables.")
+  return_window: int = _f(20, "Finished episodes averaged into return_mean.")
+  seed: int = _f(0, "Seed for params, actions and environments.")
+  run_dir: str = _f("", "Where metrics.jsonl and summary.json go; empty means runs/<preset>-<seed>.")
+  log_every_s: float = _f(2.0, "Seconds between progress lines and metrics.jsonl records.")
+  compilation_cache: bool = _f(True, "Use JAX's persistent compilation cache (warm starts).")
+  compilation_cache_dir: str = _f("", "Cache folder; empty means ~/.cache/jaxrl_async/xla.")
+  max_wall_s: float = _f(0.0, "Stop after this many seconds of training; 0 means no limit.")
+
+  def __post_init__(self):
+    _positive(self, "total_env_steps", "return_window")
+    _check(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "must be >= 0")
+    _check(self.log_every_s > 0, "log_every_s", self.log_every_s, "must be > 0")
+    _non_negative(self, "max_wall_s")
+
+
+ALGO_CONFIGS: dict[str, type] = {"impala": ImpalaConfig}
+COMPONENTS = (EnvConfig, ActorConfig, RateConfig, NetworkConfig, LearnerConfig, RunConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """The whole run. Built from a flat {flag: value} mapping by `from_flat`."""
+
+  env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+  actor: ActorConfig = dataclasses.field(default_factory=ActorConfig)
+  rate: RateConfig = dataclasses.field(default_factory=RateConfig)
+  network: NetworkConfig = dataclasses.field(default_factory=NetworkConfig)
+  learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
+  algo: Any = dataclasses.field(default_factory=ImpalaConfig)
+  run: RunConfig = dataclasses.field(default_factory=RunConfig)
+
+  def __post_init__(self):
+    expected = ALGO_CONFIGS.get(self.learner.algo)
+    _check(expected is not None and isinstance(self.algo, expected), "algo", self.learner.algo,
+           f"needs its config class {getattr(expected, '__name__', '?')}")
+    per_device, rem = divmod(self.env.num_envs, self.learner.learner_devices)
+    _check(rem == 0, "num_envs", self.env.num_envs,
+           f"must be divisible by --learner_devices={self.learner.learner_devices}")
+    minibatches = getattr(self.algo, "num_minibatches", 1)
+    local_envs = per_device * self.rate.rollouts_per_update
+    _check(local_envs % minibatches == 0, "num_minibatches", minibatches,
+           f"must divide the envs per learner device per update ({local_envs})")
+    if self.env.is_async:
+      _check(self.rate.max_policy_lag != 0, "env_batch_size", self.env.env_batch_size,
+             "async EnvPool mode (< num_envs) needs --max_policy_lag >= 1; "
+             "K = 0 is exact synchronous training")
+
+  @property
+  def env_steps_per_rollout(self) -> int:
+    return self.actor.rollout_len * self.env.num_envs
+
+  @property
+  def env_steps_per_update(self) -> int:
+    return self.env_steps_per_rollout * self.rate.rollouts_per_update
+
+  @staticmethod
+  def flag_fields(algo: str | None = None) -> dict[str, dataclasses.Field]:
+    """Every flag-settable field by name (the algorithm's too, when `algo` is given)."""
+    classes = list(COMPONENTS) + ([ALGO_CONFIGS[algo]] if algo else list(ALGO_CONFIGS.values()))
+    out: dict[str, dataclasses.Field] = {}
+    for cls in classes:
+      for f in dataclasses.fields(cls):
+        out.setdefault(f.name, f)
+    return out
+
+  @classmethod
+  def from_flat(cls, values: dict[str, Any]) -> TrainConfig:
+    """Routes each {flag: value} to the component that owns it; unknown names are errors."""
+    algo = values.get("algo", LearnerConfig.algo)
+    _check(algo in ALGO_CONFIGS, "algo", algo, f"must be one of {', '.join(ALGO_CONFIGS)}")
+    parts: dict[str, dict[str, Any]] = {}
+    owners = {f.name: key for key, c in _component_keys(algo) for f in dataclasses.fields(c)}
+    for name, value in values.items():
+      if name not in owners:
+        raise ConfigError(name, value, f"is not a setting of algorithm {algo!r}")
+      parts.setdefault(owners[name], {})[name] = value
+    built = {key: c(**parts.get(key, {})) for key, c in _component_keys(algo)}
+    return cls(**built)
+
+  def to_flat(self) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, _ in _component_keys(self.learner.algo):
+      out.update(dataclasses.asdict(getattr(self, key)))
+    return out
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_flat(), sort_keys=True)
+
+
+def _component_keys(algo: str) -> list[tuple[str, type]]:
+  return [("env", EnvConfig), ("actor", ActorConfig), ("rate", RateConfig),
+          ("network", NetworkConfig), ("learner", LearnerConfig), ("algo", ALGO_CONFIGS[algo]),
+          ("run", RunConfig)]

@@ -1,0 +1,1 @@
+"""Threads, queues and devices: moves data, never computes a loss."""

@@ -1,0 +1,219 @@
+"""An actor thread: steps its own EnvPool with a jitted policy and emits rollouts.
+
+Rollouts are assembled per env column: env e's transitions [kT, (k+1)T) form column e of
+rollout k, and rollout k is emitted once every env has reached time (k+1)T. In sync EnvPool mode
+(batch_size == num_envs) every recv advances all envs together; in async mode recv returns
+whichever envs are ready, so an env that runs ahead writes into rollout k+1 while k is being
+finished. No env is ever held back, so EnvPool never starves. A rollout's behaviour version is
+the oldest params version that acted in it, which keeps the lag accounting conservative.
+
+Each rollout needs a permit from the rate controller (taken when the previous one is emitted);
+the actor then takes the newest published params.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_async import envs
+from jaxrl_async.algos.base import Algorithm, Rollout
+from jaxrl_async.config import TrainConfig
+from jaxrl_async.metrics import EpisodeStats
+from jaxrl_async.runtime.params import ParamStore
+from jaxrl_async.runtime.queue import QueueClosed, RolloutInfo, RolloutQueue
+from jaxrl_async.runtime.rate import RateController
+from jaxrl_async.runtime.sharding import put_batch
+
+_WAKE_S = 0.1  # every blocking wait wakes this often to look at the stop flag
+
+
+def env_seed(seed: int, actor_index: int, num_envs: int) -> int:
+  """EnvPool seeds env i of this pool with `env_seed + i`; ranges never overlap across actors
+  (or hosts: `actor_index` is global) for fewer than 2**20 envs per run."""
+  return seed * 2**20 + actor_index * num_envs
+
+
+@dataclasses.dataclass
+class ActorTimers:
+  """Seconds spent in each wait of the actor loop; exported so imbalance is visible."""
+
+  env_recv_s: float = 0.0
+  inference_s: float = 0.0
+  put_s: float = 0.0
+  permit_s: float = 0.0
+  param_fetch_s: float = 0.0
+  env_steps: int = 0
+  rollouts: int = 0
+
+
+class _Segment:
+  """Host buffers for one rollout; fresh ones each time, since device_put copies asynchronously."""
+
+  def __init__(self, T: int, E: int, spec: envs.EnvSpec, extras_spec: dict[str, Any]):
+    self.obs = np.zeros((T + 1, E) + spec.obs_shape, spec.obs_dtype)
+    self.actions = np.zeros((T, E) + spec.action_shape, spec.action_dtype)
+    self.rewards = np.zeros((T, E), np.float32)
+    self.terminated = np.zeros((T, E), bool)
+    self.truncated = np.zeros((T, E), bool)
+    self.valid = np.zeros((T, E), bool)
+    self.extras = {k: np.zeros((T, E) + shape, dtype) for k, (shape, dtype) in extras_spec.items()}
+    self.version: int | None = None
+
+  def rollout(self) -> Rollout:
+    return Rollout(self.obs, self.actions, self.rewards, self.terminated, self.truncated,
+                   self.valid, self.extras)
+
+
+class Actor:
+  """One actor thread. `run()` is the thread body; it returns when `stop` is set."""
+
+  def __init__(self, index: int, config: TrainConfig, spec: envs.EnvSpec, algo: Algorithm,
+               policy_step: Any, device: jax.Device, mesh: Any, queue: RolloutQueue,
+               store: ParamStore, controller: RateController, stats: EpisodeStats,
+               stop: threading.Event, global_index: int | None = None):
+    self.index, self.config, self.spec, self.algo = index, config, spec, algo
+    self.policy_step, self.device, self.mesh = policy_step, device, mesh
+    self.queue, self.store, self.controller, self.stats, self.stop = (
+        queue, store, controller, stats, stop)
+    self.global_index = index if global_index is None else global_index
+    self.timers = ActorTimers()
+    self.T, self.E = config.actor.rollout_len, config.env.num_envs
+    self._atari = envs.is_atari(spec.env_id)
+    self._ticket: int | None = None
+
+  # -- blocking steps, each with a timeout and a look at the stop flag ----------------------
+
+  def _acquire_permit(self) -> bool:
+    t0 = time.perf_counter()
+    while not self.stop.is_set():
+      self._ticket = self.controller.acquire(_WAKE_S)
+      if self._ticket is not None:
+        self.timers.permit_s += time.perf_counter() - t0
+        return True
+    return False
+
+  def _fetch_params(self) -> tuple[Any, int]:
+    t0 = time.perf_counter()
+    params, version = self.store.latest()
+    # NOTE: the published params are replicated on the learner mesh; the policy runs on this
+    # actor's device alone, so take (a copy of) the local replica once per rollout.
+    params = jax.device_put(params, self.device)
+    self.timers.param_fetch_s += time.perf_counter() - t0
+    return params, version
+
+  def _emit(self, seg: _Segment) -> bool:
+    t0 = time.perf_counter()
+    batch = put_batch(seg.rollout(), self.mesh)
+    info = RolloutInfo(self.global_index, self._ticket, int(seg.version), self.T * self.E,
+                       time.time())
+    while not self.stop.is_set():
+      if self.queue.put((batch, info), _WAKE_S):
+        self._ticket = None  # the permit now travels with the rollout
+        self.timers.put_s += time.perf_counter() - t0
+        self.timers.rollouts += 1
+        return True
+    return False
+
+  # -- the loop ----------------------------------------------------------------------------
+
+  def run(self) -> None:
+    pool = envs.make_pool(self.config.env, env_seed(self.config.run.seed, self.global_index,
+                                                    self.E))
+    try:
+      self._loop(pool)
+    except QueueClosed:
+      pass  # shutdown
+    finally:
+      if self._ticket is not None:
+        self.controller.release(self._ticket)
+      pool.close()
+
+  def _loop(self, pool: Any) -> None:
+    T, E = self.T, self.E
+    new_segment = lambda: _Segment(T, E, self.spec, self.algo.extras_spec)
+    segments: dict[int, _Segment] = {}
+    counts = np.zeros(E, np.int64)  # recvs so far per env = the next obs time index
+    tracker = envs.EpisodeTracker(E)
+    key = jax.device_put(
+        jax.random.fold_in(jax.random.key(self.config.run.seed), 7919 + self.global_index),
+        self.device)
+    next_emit = 0
+    if not self._acquire_permit():
+      return
+    params, version = self._fetch_params()
+    pool.async_reset()
+
+    while not self.stop.is_set():
+      t0 = time.perf_counter()
+      obs, reward, terminated, truncated, info = pool.recv()
+      t1 = time.perf_counter()
+      self.timers.env_recv_s += t1 - t0
+      obs = obs.astype(self.spec.obs_dtype, copy=False)
+      ids = np.asarray(info["env_id"])
+      self.timers.env_steps += len(ids)
+      n = counts[ids]
+      counts[ids] += 1
+
+      step_end = terminated | truncated
+      true_end = (info["terminated"].astype(bool) | truncated) if self._atari else step_end
+      raw_reward = info["reward"] if self._atari else reward
+      ret, length, obs_ends = tracker.update(ids, raw_reward, step_end, true_end)
+      self.stats.record(ret, length)
+
+      # Results of transition n - 1 (EnvPool returns them with obs n).
+      has_prev = n >= 1
+      for k, sel in _by_segment(n[has_prev] - 1, T):
+        seg, idx, cols = segments[k], (n[has_prev][sel] - 1) % T, ids[has_prev][sel]
+        seg.rewards[idx, cols] = reward[has_prev][sel]
+        seg.terminated[idx, cols] = terminated[has_prev][sel]
+        seg.truncated[idx, cols] = truncated[has_prev][sel]
+      # Observation n: step idx of segment n // T, and the bootstrap obs of the one before.
+      for k, sel in _by_segment(n, T):
+        seg = segments[k] if k in segments else segments.setdefault(k, new_segment())
+        idx, cols = n[sel] % T, ids[sel]
+        seg.obs[idx, cols] = obs[sel]
+        boundary = (idx == 0) & (k > 0)
+        if boundary.any():
+          segments[k - 1].obs[T, cols[boundary]] = obs[sel][boundary]
+
+      # Emit every segment that all envs have finished; each next one needs a permit.
+      while counts.min() > (next_emit + 1) * T:
+        if not self._emit(segments.pop(next_emit)):
+          return
+        next_emit += 1
+        if not self._acquire_permit():
+          return
+        params, version = self._fetch_params()
+
+      t2 = time.perf_counter()
+      action, extras, key = self.policy_step(params, obs, key)
+      action = np.asarray(action)
+      extras = {k: np.asarray(v) for k, v in extras.items()}
+      self.timers.inference_s += time.perf_counter() - t2
+      for k, sel in _by_segment(n, T):
+        seg, idx, cols = segments[k], n[sel] % T, ids[sel]
+        seg.actions[idx, cols] = action[sel]
+        seg.valid[idx, cols] = ~obs_ends[sel]
+        for name, value in extras.items():
+          seg.extras[name][idx, cols] = value[sel]
+        seg.version = version if seg.version is None else min(seg.version, version)
+      pool.send(action, ids)
+
+
+def _by_segment(times: np.ndarray, T: int):
+  """Yields (segment k, boolean selector) for the distinct segments `times` fall in."""
+  ks = times // T
+  if len(ks) == 0:
+    return
+  first = ks[0]
+  if (ks == first).all():  # the common case, and always so in sync mode
+    yield int(first), np.ones(len(ks), bool)
+    return
+  for k in np.unique(ks):
+    yield int(k), ks == k

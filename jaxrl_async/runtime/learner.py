@@ -1,0 +1,126 @@
+"""The learner thread: takes the next rollouts from the queue, whichever actor made them, learns,
+publishes.
+
+The compiled step is `jit(shard_map(algo.update))` over the learner mesh, compiled ahead of time
+(`lower().compile()`) when the thread starts, so compilation overlaps the actors' first rollouts.
+The learner never reads a result back to the host on its critical path: params are published as
+soon as the step is dispatched, and metrics stay on device until the metrics loop asks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_async.algos.base import Algorithm, Rollout, concat_rollouts
+from jaxrl_async.config import TrainConfig
+from jaxrl_async.envs import EnvSpec
+from jaxrl_async.runtime.params import ParamStore
+from jaxrl_async.runtime.queue import QueueClosed, RolloutQueue
+from jaxrl_async.runtime.rate import RateController
+from jaxrl_async.runtime.sharding import batch_sharding, data_parallel
+
+_WAKE_S = 0.1
+
+
+@dataclasses.dataclass
+class LearnerTimers:
+  idle_s: float = 0.0  # waiting for rollouts
+  dispatch_s: float = 0.0  # calling the compiled step and publishing
+  compile_s: float = 0.0
+  updates: int = 0
+  consumed_env_steps: int = 0  # counted with reuse (epochs)
+  first_update_wall_s: float | None = None
+
+
+def batch_shapes(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any
+                 ) -> tuple[Rollout, ...]:
+  """Abstract (shape, dtype, sharding) of the U rollouts one update takes."""
+  T, E = config.actor.rollout_len, config.env.num_envs
+  sharding = batch_sharding(mesh)
+  s = lambda shape, dtype: jax.ShapeDtypeStruct(shape, np.dtype(dtype), sharding=sharding)
+  one = Rollout(
+      obs=s((T + 1, E) + spec.obs_shape, spec.obs_dtype),
+      actions=s((T, E) + spec.action_shape, spec.action_dtype),
+      rewards=s((T, E), np.float32), terminated=s((T, E), bool), truncated=s((T, E), bool),
+      valid=s((T, E), bool),
+      extras={k: s((T, E) + shape, dtype) for k, (shape, dtype) in algo.extras_spec.items()})
+  return (one,) * config.rate.rollouts_per_update
+
+
+def compile_update(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any,
+                   state: Any) -> Any:
+  step = data_parallel(lambda s, rollouts: algo.update(s, concat_rollouts(rollouts)), mesh)
+  return step.lower(state, batch_shapes(config, spec, algo, mesh)).compile()
+
+
+class Learner:
+  """`run()` is the thread body; `state` and `version` are the learner's, read after join."""
+
+  def __init__(self, config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any,
+               state: Any, version: int, queue: RolloutQueue, store: ParamStore,
+               controller: RateController, stop: threading.Event, wall_s: Any,
+               step_fn: Any = None):
+    self.config, self.spec, self.algo, self.mesh = config, spec, algo, mesh
+    self.state, self.version = state, version
+    self.queue, self.store, self.controller, self.stop = queue, store, controller, stop
+    self.wall_s = wall_s
+    self.step_fn = step_fn
+    self.timers = LearnerTimers()
+    self.last_metrics: Any = None
+    self.compiled = threading.Event()
+
+  def _compile(self) -> None:
+    if self.step_fn is None:
+      t0 = time.perf_counter()
+      self.step_fn = compile_update(self.config, self.spec, self.algo, self.mesh, self.state)
+      self.timers.compile_s = time.perf_counter() - t0
+    self.compiled.set()
+
+  def _next_batch(self) -> tuple[tuple[Rollout, ...], list[int]] | None:
+    """U admitted rollouts and their tickets, or None at shutdown. The controller drops stale
+    ones."""
+    batch: list[Rollout] = []
+    tickets: list[int] = []
+    t0 = time.perf_counter()
+    while len(batch) < self.config.rate.rollouts_per_update:
+      try:
+        item = self.queue.get(_WAKE_S)
+      except QueueClosed:
+        return None
+      if item is None:
+        if self.stop.is_set():
+          return None
+        continue
+      rollout, info = item
+      if self.controller.admit(info.ticket, info.behaviour_version):
+        batch.append(rollout)
+        tickets.append(info.ticket)
+    self.timers.idle_s += time.perf_counter() - t0
+    return tuple(batch), tickets
+
+  def run(self) -> None:
+    self._compile()
+    reuse = self.algo.grad_steps_per_update // max(
+        1, getattr(self.config.algo, "num_minibatches", 1))
+    steps_per_update = self.config.env_steps_per_update
+    while not self.stop.is_set():
+      taken = self._next_batch()
+      if taken is None:
+        return
+      batch, tickets = taken
+      t0 = time.perf_counter()
+      self.state, self.last_metrics = self.step_fn(self.state, batch)
+      self.version += 1
+      self.store.publish(self.algo.actor_params(self.state), self.version)
+      self.controller.published(self.version, tickets)
+      self.timers.dispatch_s += time.perf_counter() - t0
+      self.timers.updates += 1
+      self.timers.consumed_env_steps += steps_per_update * max(reuse, 1)
+      if self.timers.first_update_wall_s is None:
+        self.timers.first_update_wall_s = self.wall_s()

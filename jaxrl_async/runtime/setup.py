@@ -1,0 +1,25 @@
+"""Process-wide JAX settings, applied once before anything is compiled."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from jaxrl_async.config import TrainConfig
+
+
+def default_cache_dir() -> Path:
+  return Path(os.environ.get("JAXRL_ASYNC_CACHE", Path.home() / ".cache" / "jaxrl_async" / "xla"))
+
+
+def configure_jax(config: TrainConfig) -> None:
+  """Persistent compilation cache (on by default: most of a short run is compilation here)."""
+  import jax
+
+  if config.run.compilation_cache:
+    path = Path(config.run.compilation_cache_dir or default_cache_dir())
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    # Cache every compiled function, even fast ones: the run's few functions all matter.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
