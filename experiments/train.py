@@ -50,8 +50,8 @@ def main(argv: list[str]) -> int:
     from jaxrl_async.runtime import setup  # imports JAX; after the cheap checks
 
     setup.configure_jax(config)
-    from jaxrl_async.runtime.trainer import Trainer, validate
     from jaxrl_async.metrics import wall_s
+    from jaxrl_async.runtime.trainer import Trainer, validate
 
     timings = {"import_s": wall_s()}  # process start to every import done
     spec = validate(config)
@@ -61,12 +61,29 @@ def main(argv: list[str]) -> int:
   run_dir = Path(config.run.run_dir or f"runs/{_PRESET.value}-{config.run.seed}")
   if not config.run.run_dir:
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, run_dir=str(run_dir)))
-  result = Trainer(config, spec, run_dir, quiet=_QUIET.value, timings=timings).run()
+  trainer = Trainer(config, spec, run_dir, quiet=_QUIET.value, timings=timings)
+  install_signal_handlers(trainer)
+  result = trainer.run()
   s = result.summary
   print(f"done: {s['stop_reason']} solved={s['solved']} solved_wall_s={s['solved_wall_s']} "
         f"solved_env_steps={s['solved_env_steps']} return_mean={s['final_return_mean']} "
         f"env_steps={s['env_steps']} wall_s={s['wall_s']:.1f} -> {run_dir}/summary.json")
   return 0
+
+
+def install_signal_handlers(trainer) -> None:
+  """SIGINT/SIGTERM end the run cleanly (summary written, exit 0); a second SIGINT exits now."""
+  import os
+  import signal
+
+  def handle(signum, frame):
+    if trainer._stop_reason is not None and signum == signal.SIGINT:
+      print("train: second interrupt, exiting now", file=sys.stderr, flush=True)
+      os._exit(130)
+    trainer.request_stop("interrupted" if signum == signal.SIGINT else "terminated")
+
+  signal.signal(signal.SIGINT, handle)
+  signal.signal(signal.SIGTERM, handle)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

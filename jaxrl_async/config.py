@@ -91,20 +91,21 @@ class ActorConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RateConfig:
-  max_policy_lag: int = _f(1, "Hard cap K on policy lag in versions; 0 is synchronous; "
-                           "-1 means no cap (free running, for comparison only).")
+  max_policy_lag: int = _f(1, "Hard cap K on policy lag in versions; 0 is synchronous.")
+  free_running: bool = _f(False, "No lag cap at all: actors never wait for versions and the "
+                          "queue (queue_capacity) only bounds memory; for comparison only.")
   rollouts_per_update: int = _f(1, "Rollouts the learner concatenates into one update.")
   queue_capacity: int = _f(0, "Rollout queue bound; 0 derives it from the lag cap.")
 
   def __post_init__(self):
-    _check(isinstance(self.max_policy_lag, int) and self.max_policy_lag >= -1,
-           "max_policy_lag", self.max_policy_lag, "must be an integer >= 0 (or -1 for no cap)")
+    _check(isinstance(self.max_policy_lag, int) and self.max_policy_lag >= 0,
+           "max_policy_lag", self.max_policy_lag, "must be an integer >= 0")
     _positive(self, "rollouts_per_update")
     _non_negative(self, "queue_capacity")
 
   @property
   def capped(self) -> bool:
-    return self.max_policy_lag >= 0
+    return not self.free_running
 
   @property
   def max_in_flight(self) -> int:
@@ -179,12 +180,73 @@ class ImpalaConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class PPOConfig:
+  learning_rate: float = _f(2.5e-4, "Adam learning rate.")
+  anneal_lr: bool = _f(True, "Anneal the learning rate linearly to 0 over total_env_steps.")
+  discount: float = _f(0.99, "Discount gamma.")
+  gae_lambda: float = _f(0.95, "GAE lambda.")
+  clip_eps: float = _f(0.2, "PPO ratio clip epsilon.")
+  anneal_clip: bool = _f(False, "Anneal the clip epsilon linearly to 0 with the learning rate.")
+  entropy_coef: float = _f(0.0, "Entropy bonus coefficient.")
+  value_coef: float = _f(0.5, "Value loss coefficient.")
+  clip_value: bool = _f(False, "Clip the value loss like the policy ratio.")
+  max_grad_norm: float = _f(0.5, "Global gradient-norm clip.")
+  num_epochs: int = _f(4, "Passes over each batch.")
+  num_minibatches: int = _f(4, "Minibatches per epoch, split along the env axis.")
+  normalize_advantages: bool = _f(True, "Normalise advantages per minibatch.")
+  normalize_obs: bool = _f(False, "Running mean/var observation normalisation (MuJoCo).")
+
+  def __post_init__(self):
+    _check(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be > 0")
+    _unit_interval(self, "discount", "gae_lambda")
+    _check(0 < self.clip_eps < 1, "clip_eps", self.clip_eps, "must be in (0, 1)")
+    _non_negative(self, "entropy_coef", "value_coef")
+    _check(self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "must be > 0")
+    _positive(self, "num_epochs", "num_minibatches")
+
+
+@dataclasses.dataclass(frozen=True)
+class DQNConfig:
+  learning_rate: float = _f(2.5e-4, "Adam learning rate.")
+  discount: float = _f(0.99, "Discount gamma.")
+  n_step: int = _f(3, "n-step return length.")
+  batch_size: int = _f(256, "Transitions per gradient step (all learner devices together).")
+  replay_size: int = _f(100_000, "Replay capacity in transitions (all learner devices together).")
+  min_replay_size: int = _f(5_000, "Transitions in replay before learning starts.")
+  samples_per_insert: float = _f(4.0, "Target reuse ratio: sampled per inserted transition.")
+  spi_tolerance: float = _f(0.5, "Allowed error of the reuse ratio, in samples per insert.")
+  target_update_every: int = _f(250, "Gradient steps between target copies (0: Polyak).")
+  target_tau: float = _f(0.005, "Polyak factor when target_update_every is 0.")
+  epsilon_start: float = _f(1.0, "Initial exploration epsilon.")
+  epsilon_end: float = _f(0.05, "Final exploration epsilon (actor 0; others lower, Ape-X style).")
+  epsilon_decay_steps: int = _f(50_000, "Env steps over which epsilon decays.")
+  max_grad_norm: float = _f(10.0, "Global gradient-norm clip.")
+  huber_delta: float = _f(1.0, "Huber loss delta.")
+  double_q: bool = _f(True, "Double DQN targets.")
+
+  def __post_init__(self):
+    _check(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be > 0")
+    _unit_interval(self, "discount")
+    _positive(self, "n_step", "batch_size", "replay_size", "epsilon_decay_steps")
+    _non_negative(self, "min_replay_size", "target_update_every", "spi_tolerance")
+    _check(self.samples_per_insert > 0, "samples_per_insert", self.samples_per_insert,
+           "must be > 0")
+    _check(self.replay_size >= self.batch_size, "replay_size", self.replay_size,
+           f"must be >= --batch_size={self.batch_size} (one batch)")
+    _check(self.min_replay_size <= self.replay_size, "min_replay_size", self.min_replay_size,
+           f"must be <= --replay_size={self.replay_size}")
+    _unit_interval(self, "target_tau", "epsilon_start", "epsilon_end")
+    _check(self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "must be > 0")
+    _check(self.huber_delta > 0, "huber_delta", self.huber_delta, "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
   total_env_steps: int = _f(2_000_000, "Stop after this many env steps (all actors together).")
   stop_at_return: float = _f(475.0, "Stop when return_mean reaches this; nan disables.")
   return_window: int = _f(20, "Finished episodes averaged into return_mean.")
   seed: int = _f(0, "Seed for params, actions and environments.")
-  run_dir: str = _f("", "Where metrics.jsonl and summary.json go; empty means runs/<preset>-<seed>.")
+  run_dir: str = _f("", "Where metrics.jsonl and summary.json go; empty: runs/<preset>-<seed>.")
   log_every_s: float = _f(2.0, "Seconds between progress lines and metrics.jsonl records.")
   compilation_cache: bool = _f(True, "Use JAX's persistent compilation cache (warm starts).")
   compilation_cache_dir: str = _f("", "Cache folder; empty means ~/.cache/jaxrl_async/xla.")
@@ -197,7 +259,7 @@ class RunConfig:
     _non_negative(self, "max_wall_s")
 
 
-ALGO_CONFIGS: dict[str, type] = {"impala": ImpalaConfig}
+ALGO_CONFIGS: dict[str, type] = {"impala": ImpalaConfig, "ppo": PPOConfig, "dqn": DQNConfig}
 COMPONENTS = (EnvConfig, ActorConfig, RateConfig, NetworkConfig, LearnerConfig, RunConfig)
 
 
@@ -225,7 +287,8 @@ class TrainConfig:
     _check(local_envs % minibatches == 0, "num_minibatches", minibatches,
            f"must divide the envs per learner device per update ({local_envs})")
     if self.env.is_async:
-      _check(self.rate.max_policy_lag != 0, "env_batch_size", self.env.env_batch_size,
+      _check(self.rate.max_policy_lag != 0 or not self.rate.capped, "env_batch_size",
+             self.env.env_batch_size,
              "async EnvPool mode (< num_envs) needs --max_policy_lag >= 1; "
              "K = 0 is exact synchronous training")
 

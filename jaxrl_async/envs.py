@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import warnings
 from typing import Any
 
 import numpy as np
@@ -90,8 +91,11 @@ def make_pool(cfg: EnvConfig, seed: int, num_envs: int | None = None,
 
 def env_spec(cfg: EnvConfig) -> EnvSpec:
   check_env_id(cfg.env_id)
-  pool = make_pool(cfg, seed=0, num_envs=1, batch_size=1)
-  obs_space, act_space = pool.observation_space, pool.action_space
+  with warnings.catch_warnings():
+    # gymnasium warns that EnvPool's float64 Box bounds are cast to float32: harmless noise.
+    warnings.simplefilter("ignore", UserWarning)
+    pool = make_pool(cfg, seed=0, num_envs=1, batch_size=1)
+    obs_space, act_space = pool.observation_space, pool.action_space
   dtype = np.dtype(np.float32) if np.issubdtype(obs_space.dtype, np.floating) else obs_space.dtype
   if hasattr(act_space, "n"):
     spec = EnvSpec(cfg.env_id, tuple(obs_space.shape), dtype, True, int(act_space.n))

@@ -121,5 +121,6 @@ def progress_line(r: dict[str, Any]) -> str:
   return (f"[{r['wall_s']:6.1f}s] steps {r['env_steps']:>9,} sps {r['sps']:>7,.0f} "
           f"ret {ret_s} ep {r['episodes']:>5} v {r['version']:>5} "
           f"lag {r['policy_lag_mean']:.2f}/{r['policy_lag_max']} q {r['queue_depth']} "
-          f"blocked {100 * r['actor_blocked_frac']:4.1f}% idle {100 * r['learner_idle_frac']:4.1f}% "
+          f"blocked {100 * r['actor_blocked_frac']:4.1f}% "
+          f"idle {100 * r['learner_idle_frac']:4.1f}% "
           f"drop {r['dropped_stale']}")

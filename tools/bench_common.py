@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-_PACKAGES = ("jax", "jaxlib", "flax", "optax", "envpool", "numpy", "orbax-checkpoint", "rlax", "pyzmq")
+_PACKAGES = ("jax", "jaxlib", "flax", "optax", "envpool", "numpy", "orbax-checkpoint", "rlax",
+             "pyzmq")
 
 
 @dataclasses.dataclass

@@ -1,19 +1,21 @@
-"""Algorithms as pure bundles (see base.py). `make_algorithm` picks one by `config.learner.algo`."""
+"""Algorithms as pure bundles (see base.py). `make_algorithm` picks one by `config.learner.algo`.
+
+Kept free of module-level imports so that importing a config never pays for JAX.
+"""
 
 from __future__ import annotations
 
-from jaxrl_async.algos.base import Algorithm, Rollout
-from jaxrl_async.config import TrainConfig
-from jaxrl_async.envs import EnvSpec
+import importlib
+from typing import Any
+
+# name -> (module, factory); each factory is make(config, env_spec, axis_name) -> Algorithm.
+_FACTORIES = {
+    "impala": ("jaxrl_async.algos.impala", "make_impala"),
+    "ppo": ("jaxrl_async.algos.ppo", "make_ppo"),
+    "dqn": ("jaxrl_async.algos.dqn", "make_dqn"),
+}
 
 
-def make_algorithm(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm:
-  name = config.learner.algo
-  if name == "impala":
-    from jaxrl_async.algos.impala import make_impala
-
-    return make_impala(config, spec, axis_name)
-  raise ValueError(f"unknown algorithm {name!r}")
-
-
-__all__ = ["Algorithm", "Rollout", "make_algorithm"]
+def make_algorithm(config: Any, spec: Any, axis_name: str) -> Any:
+  module, factory = _FACTORIES[config.learner.algo]
+  return getattr(importlib.import_module(module), factory)(config, spec, axis_name)

@@ -52,6 +52,11 @@ class Algorithm(NamedTuple):
   actor_params: Callable[[Any], Any]
   extras_spec: dict[str, tuple[tuple[int, ...], np.dtype]]
   grad_steps_per_update: int = 1
+  # Off-policy algorithms (DQN) learn from a replay between the queue and the update; the
+  # trainer then runs `runtime.offpolicy.OffPolicyLearner`, and `extension` carries whatever
+  # extra pure functions that learner needs (replay insert and sample).
+  off_policy: bool = False
+  extension: Any = None
 
 
 def concat_rollouts(rollouts: tuple[Rollout, ...]) -> Rollout:

@@ -51,21 +51,36 @@ def categorical_policy(net: ActorCritic):
   return policy
 
 
+def vtrace_returns(values: Array, r_t: Array, terminated_t: Array, truncated_t: Array,
+                   rho_tm1: Array, discount: float, lambda_: float, clip_rho: float = 1.0,
+                   clip_pg_rho: float = 1.0) -> Any:
+  """rlax V-trace over [T, B] with EnvPool's episode ends.
+
+  Args:
+    values: V(obs) [T+1, B]. r_t, terminated_t, truncated_t, rho_tm1: [T, B].
+  Returns:
+    rlax's VTraceOutput with errors (targets - v_tm1), pg_advantage, q_estimate, each [T, B].
+  """
+  ended_t = (terminated_t | truncated_t).astype(values.dtype)
+  discount_t = discount * (1.0 - terminated_t.astype(values.dtype))
+  lambda_t = lambda_ * (1.0 - ended_t)
+  vtrace = jax.vmap(rlax.vtrace_td_error_and_advantage, in_axes=(1, 1, 1, 1, 1, 1, None, None),
+                    out_axes=1)
+  return vtrace(values[:-1], values[1:], r_t, discount_t, rho_tm1, lambda_t, clip_rho,
+                clip_pg_rho)
+
+
 def vtrace_loss(net: ActorCritic, cfg: Any, params: Any, batch: Rollout, axis_name: str
                 ) -> tuple[Array, Metrics]:
   """Policy-gradient, value and entropy losses over a [T, B] batch, normalised over all devices."""
   logits, values = net.apply(params, batch.obs)  # [T+1, B, A], [T+1, B]
-  logits_tm1, v_tm1, v_t = logits[:-1], values[:-1], values[1:]
+  logits_tm1 = logits[:-1]
   log_probs = jax.nn.log_softmax(logits_tm1)
   logp_tm1 = jnp.take_along_axis(log_probs, batch.actions[..., None], -1)[..., 0]
   rho_tm1 = jnp.exp(logp_tm1 - batch.extras["logp"])
-  ended = batch.terminated | batch.truncated
-  discount_t = cfg.discount * (1.0 - batch.terminated.astype(jnp.float32))
-  lambda_t = cfg.vtrace_lambda * (1.0 - ended.astype(jnp.float32))
-  vtrace = jax.vmap(rlax.vtrace_td_error_and_advantage, in_axes=(1, 1, 1, 1, 1, 1, None, None),
-                    out_axes=1)
-  out = vtrace(v_tm1, v_t, batch.rewards, discount_t, jax.lax.stop_gradient(rho_tm1), lambda_t,
-               cfg.clip_rho, cfg.clip_pg_rho)
+  out = vtrace_returns(values, batch.rewards, batch.terminated, batch.truncated,
+                       jax.lax.stop_gradient(rho_tm1), cfg.discount, cfg.vtrace_lambda,
+                       cfg.clip_rho, cfg.clip_pg_rho)
   mask = batch.valid.astype(jnp.float32)
   pg_adv = jax.lax.stop_gradient(out.pg_advantage)
   if cfg.normalize_advantages:

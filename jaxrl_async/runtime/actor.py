@@ -76,12 +76,14 @@ class Actor:
   def __init__(self, index: int, config: TrainConfig, spec: envs.EnvSpec, algo: Algorithm,
                policy_step: Any, device: jax.Device, mesh: Any, queue: RolloutQueue,
                store: ParamStore, controller: RateController, stats: EpisodeStats,
-               stop: threading.Event, global_index: int | None = None):
+               stop: threading.Event, global_index: int | None = None,
+               pool_factory: Any = envs.make_pool):
     self.index, self.config, self.spec, self.algo = index, config, spec, algo
     self.policy_step, self.device, self.mesh = policy_step, device, mesh
     self.queue, self.store, self.controller, self.stats, self.stop = (
         queue, store, controller, stats, stop)
     self.global_index = index if global_index is None else global_index
+    self.pool_factory = pool_factory  # tests pass an EnvPool-shaped fake
     self.timers = ActorTimers()
     self.T, self.E = config.actor.rollout_len, config.env.num_envs
     self._atari = envs.is_atari(spec.env_id)
@@ -123,7 +125,7 @@ class Actor:
   # -- the loop ----------------------------------------------------------------------------
 
   def run(self) -> None:
-    pool = envs.make_pool(self.config.env, env_seed(self.config.run.seed, self.global_index,
+    pool = self.pool_factory(self.config.env, env_seed(self.config.run.seed, self.global_index,
                                                     self.E))
     try:
       self._loop(pool)

@@ -74,6 +74,9 @@ class Learner:
     self.timers = LearnerTimers()
     self.last_metrics: Any = None
     self.compiled = threading.Event()
+    # The budget is counted in updates, so a run's length does not depend on thread timing.
+    self.max_updates = -(-config.run.total_env_steps // config.env_steps_per_update)
+    self.finished = threading.Event()
 
   def _compile(self) -> None:
     if self.step_fn is None:
@@ -110,6 +113,9 @@ class Learner:
         1, getattr(self.config.algo, "num_minibatches", 1))
     steps_per_update = self.config.env_steps_per_update
     while not self.stop.is_set():
+      if self.timers.updates >= self.max_updates:
+        self.finished.set()
+        return
       taken = self._next_batch()
       if taken is None:
         return

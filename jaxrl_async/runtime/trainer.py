@@ -23,7 +23,7 @@ from jaxrl_async.algos import make_algorithm
 from jaxrl_async.config import ConfigError, TrainConfig
 from jaxrl_async.metrics import Ema, EpisodeStats, MetricsWriter, wall_s
 from jaxrl_async.runtime.actor import Actor
-from jaxrl_async.runtime.learner import Learner, compile_update
+from jaxrl_async.runtime.learner import Learner
 from jaxrl_async.runtime.params import ParamStore
 from jaxrl_async.runtime.queue import RolloutQueue
 from jaxrl_async.runtime.rate import RateController
@@ -84,17 +84,24 @@ class Trainer:
   """One training run on this host. `run()` returns a RunResult or raises ThreadFailed."""
 
   def __init__(self, config: TrainConfig, spec: envs.EnvSpec | None = None,
-               run_dir: Path | None = None, quiet: bool = False, timings: dict | None = None):
+               run_dir: Path | None = None, quiet: bool = False, timings: dict | None = None,
+               pool_factory: Any = None):
     self.config = config
     self.spec = spec or validate(config)
     self.run_dir = Path(run_dir or config.run.run_dir or "runs/default")
     self.quiet = quiet
     self.timings = dict(timings or {})
     self.stop = threading.Event()
+    self._stop_reason: str | None = None
+    self.pool_factory = pool_factory or envs.make_pool
     self.devices = check_devices(config)
     self.mesh = learner_mesh(self.devices)
     self.actor_device = self.devices[0]
     self.algo = make_algorithm(config, self.spec, LEARNER_AXIS)
+
+  def request_stop(self, reason: str) -> None:
+    """Asks the run to end cleanly (from a signal handler or another thread)."""
+    self._stop_reason = self._stop_reason or reason
 
   def _init_state(self) -> Any:
     t0 = time.perf_counter()
@@ -132,21 +139,27 @@ class Trainer:
     actors: list[Actor] = []
     stats = EpisodeStats(cfg.run.return_window, cfg.run.stop_at_return,
                          lambda: sum(a.timers.env_steps for a in actors))
-    learner = Learner(cfg, self.spec, self.algo, self.mesh, state, version, queue, store,
+    learner_cls = Learner
+    if self.algo.off_policy:
+      from jaxrl_async.runtime.offpolicy import OffPolicyLearner as learner_cls
+    learner = learner_cls(cfg, self.spec, self.algo, self.mesh, state, version, queue, store,
                       controller, self.stop, wall_s)
     threads = [_Supervised("learner", learner.run, self.stop)]
     threads[0].start()  # compiles the update while the policy compiles here
     policy_step = self._policy_step(self.algo.actor_params(state))
     for i in range(cfg.actor.num_actors):
       actors.append(Actor(i, cfg, self.spec, self.algo, policy_step, self.actor_device,
-                          self.mesh, queue, store, controller, stats, self.stop))
+                          self.mesh, queue, store, controller, stats, self.stop,
+                          pool_factory=self.pool_factory))
       threads.append(_Supervised(f"actor-{i}", actors[-1].run, self.stop))
       threads[-1].start()
     self.timings["train_start_wall_s"] = wall_s()
     writer = MetricsWriter(self.run_dir, quiet=self.quiet)
     monitor = _Monitor(cfg, actors, learner, controller, queue, stats, writer)
     try:
-      reason = self._supervise(threads, actors, stats, monitor)
+      reason = self._supervise(threads, learner, stats, monitor)
+    except KeyboardInterrupt:
+      reason = "interrupted"
     finally:
       self.stop.set()
       queue.close()
@@ -162,7 +175,7 @@ class Trainer:
     summary = self._summary(reason, actors, learner, controller, stats, monitor)
     return RunResult(summary, learner.state, learner.version)
 
-  def _supervise(self, threads, actors, stats, monitor) -> str:
+  def _supervise(self, threads, learner, stats, monitor) -> str:
     cfg = self.config.run
     next_log = time.time() + cfg.log_every_s
     t_start = time.time()
@@ -170,9 +183,13 @@ class Trainer:
       stats.solved.wait(0.02)
       if stats.solved.is_set():
         return "solved"
-      if self.stop.is_set():
+      if self._stop_reason:
+        return self._stop_reason
+      if self.stop.is_set() or not all(t.is_alive() for t in threads):
+        if learner.finished.is_set():
+          return "budget"
         return "error" if any(t.error for t in threads) else "stopped"
-      if sum(a.timers.env_steps for a in actors) >= cfg.total_env_steps:
+      if learner.finished.is_set():
         return "budget"
       if cfg.max_wall_s and time.time() - t_start >= cfg.max_wall_s:
         return "max_wall_s"

@@ -1,0 +1,23 @@
+"""Shared test set-up: CPU only, quiet logs, small configs."""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import pytest  # noqa: E402
+
+from jaxrl_async.config import TrainConfig  # noqa: E402
+
+
+def small_config(**overrides) -> TrainConfig:
+  values = dict(env_id="CartPole-v1", num_envs=8, num_actors=1, rollout_len=8,
+                max_policy_lag=1, total_env_steps=4_000, stop_at_return=float("nan"),
+                log_every_s=0.5, hidden_sizes="16,16")
+  values.update(overrides)
+  return TrainConfig.from_flat(values)
+
+
+@pytest.fixture
+def cfg_factory():
+  return small_config
