@@ -251,12 +251,15 @@ class RunConfig:
   compilation_cache: bool = _f(True, "Use JAX's persistent compilation cache (warm starts).")
   compilation_cache_dir: str = _f("", "Cache folder; empty means ~/.cache/jaxrl_async/xla.")
   max_wall_s: float = _f(0.0, "Stop after this many seconds of training; 0 means no limit.")
+  prng_impl: str = _f("rbg", "JAX PRNG: rbg (compiles faster here) or threefry2x32.")
 
   def __post_init__(self):
     _positive(self, "total_env_steps", "return_window")
     _check(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "must be >= 0")
     _check(self.log_every_s > 0, "log_every_s", self.log_every_s, "must be > 0")
     _non_negative(self, "max_wall_s")
+    _check(self.prng_impl in ("rbg", "threefry2x32", "unsafe_rbg"), "prng_impl", self.prng_impl,
+           "must be rbg, threefry2x32 or unsafe_rbg")
 
 
 ALGO_CONFIGS: dict[str, type] = {"impala": ImpalaConfig, "ppo": PPOConfig, "dqn": DQNConfig}

@@ -26,7 +26,7 @@ def train(*args, timeout=120, env=None):
     (["--max_policy_lag=-1"], "max_policy_lag"),
     (["--num_envs=6", "--learner_devices=4"], "num_envs"),
     (["--env_batch_size=32", "--num_envs=16"], "env_batch_size"),
-    (["--learner_devices=64", "--num_envs=64"], "learner_devices"),
+    (["--learner_devices=64", "--num_envs=128"], "learner_devices"),
     (["--preset=nope"], "preset"),
     (["--num_envs=abc"], "num_envs"),
     (["--algo=impala", "--gae_lambda=0.9"], "gae_lambda"),

@@ -168,21 +168,7 @@ class Actor:
       ret, length, obs_ends = tracker.update(ids, raw_reward, step_end, true_end)
       self.stats.record(ret, length)
 
-      # Results of transition n - 1 (EnvPool returns them with obs n).
-      has_prev = n >= 1
-      for k, sel in _by_segment(n[has_prev] - 1, T):
-        seg, idx, cols = segments[k], (n[has_prev][sel] - 1) % T, ids[has_prev][sel]
-        seg.rewards[idx, cols] = reward[has_prev][sel]
-        seg.terminated[idx, cols] = terminated[has_prev][sel]
-        seg.truncated[idx, cols] = truncated[has_prev][sel]
-      # Observation n: step idx of segment n // T, and the bootstrap obs of the one before.
-      for k, sel in _by_segment(n, T):
-        seg = segments[k] if k in segments else segments.setdefault(k, new_segment())
-        idx, cols = n[sel] % T, ids[sel]
-        seg.obs[idx, cols] = obs[sel]
-        boundary = (idx == 0) & (k > 0)
-        if boundary.any():
-          segments[k - 1].obs[T, cols[boundary]] = obs[sel][boundary]
+      _write_observation(segments, new_segment, T, n, ids, obs, reward, terminated, truncated)
 
       # Emit every segment that all envs have finished; each next one needs a permit.
       while counts.min() > (next_emit + 1) * T:
@@ -198,24 +184,47 @@ class Actor:
       action = np.asarray(action)
       extras = {k: np.asarray(v) for k, v in extras.items()}
       self.timers.inference_s += time.perf_counter() - t2
-      for k, sel in _by_segment(n, T):
-        seg, idx, cols = segments[k], n[sel] % T, ids[sel]
-        seg.actions[idx, cols] = action[sel]
-        seg.valid[idx, cols] = ~obs_ends[sel]
-        for name, value in extras.items():
-          seg.extras[name][idx, cols] = value[sel]
-        seg.version = version if seg.version is None else min(seg.version, version)
+      _write_action(segments, T, n, ids, action, ~obs_ends, extras, version)
       pool.send(action, ids)
+
+
+def _write_observation(segments, new_segment, T, n, ids, obs, reward, terminated, truncated):
+  """Stores obs n of envs `ids`, and the results of their transition n - 1 (EnvPool returns
+  those with obs n). Obs n is also the bootstrap obs of the previous segment when n % T == 0."""
+  has_prev = n >= 1
+  for k, sel in _by_segment(n[has_prev] - 1, T):
+    rows, cols = (n[has_prev][sel] - 1) % T, ids[has_prev][sel]
+    seg = segments[k]
+    seg.rewards[rows, cols] = reward[has_prev][sel]
+    seg.terminated[rows, cols] = terminated[has_prev][sel]
+    seg.truncated[rows, cols] = truncated[has_prev][sel]
+  for k, sel in _by_segment(n, T):
+    seg = segments[k] if k in segments else segments.setdefault(k, new_segment())
+    rows, cols = n[sel] % T, ids[sel]
+    seg.obs[rows, cols] = obs[sel]
+    boundary = (rows == 0) & (k > 0)
+    if boundary.any():
+      segments[k - 1].obs[T, cols[boundary]] = obs[sel][boundary]
+
+
+def _write_action(segments, T, n, ids, action, valid, extras, version):
+  for k, sel in _by_segment(n, T):
+    seg, rows, cols = segments[k], n[sel] % T, ids[sel]
+    seg.actions[rows, cols] = action[sel]
+    seg.valid[rows, cols] = valid[sel]
+    for name, value in extras.items():
+      seg.extras[name][rows, cols] = value[sel]
+    seg.version = version if seg.version is None else min(seg.version, version)
 
 
 def _by_segment(times: np.ndarray, T: int):
   """Yields (segment k, boolean selector) for the distinct segments `times` fall in."""
-  ks = times // T
-  if len(ks) == 0:
+  if len(times) == 0:
     return
+  ks = times // T
   first = ks[0]
-  if (ks == first).all():  # the common case, and always so in sync mode
-    yield int(first), np.ones(len(ks), bool)
+  if ks[-1] == first and (ks == first).all():  # the common case, and always so in sync mode
+    yield int(first), slice(None)
     return
   for k in np.unique(ks):
     yield int(k), ks == k

@@ -9,6 +9,7 @@ soon as the step is dispatched, and metrics stay on device until the metrics loo
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import threading
 import time
@@ -65,12 +66,15 @@ class Learner:
   def __init__(self, config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any,
                state: Any, version: int, queue: RolloutQueue, store: ParamStore,
                controller: RateController, stop: threading.Event, wall_s: Any,
-               step_fn: Any = None):
+               step_fn: Any = None, state_future: Any = None):
     self.config, self.spec, self.algo, self.mesh = config, spec, algo, mesh
     self.state, self.version = state, version
     self.queue, self.store, self.controller, self.stop = queue, store, controller, stop
     self.wall_s = wall_s
     self.step_fn = step_fn
+    # `state` may be abstract (shapes only) until `state_future` delivers the real one, so the
+    # update compiles while the initial state is computed.
+    self._state_future = state_future
     self.timers = LearnerTimers()
     self.last_metrics: Any = None
     self.compiled = threading.Event()
@@ -107,8 +111,19 @@ class Learner:
     self.timers.idle_s += time.perf_counter() - t0
     return tuple(batch), tickets
 
+  def _await_state(self) -> bool:
+    while self._state_future is not None and not self.stop.is_set():
+      try:
+        self.state = self._state_future.result(timeout=_WAKE_S)
+        self._state_future = None
+      except concurrent.futures.TimeoutError:
+        continue
+    return self._state_future is None
+
   def run(self) -> None:
     self._compile()
+    if not self._await_state():
+      return
     reuse = self.algo.grad_steps_per_update // max(
         1, getattr(self.config.algo, "num_minibatches", 1))
     steps_per_update = self.config.env_steps_per_update

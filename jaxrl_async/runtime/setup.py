@@ -13,9 +13,12 @@ def default_cache_dir() -> Path:
 
 
 def configure_jax(config: TrainConfig) -> None:
-  """Persistent compilation cache (on by default: most of a short run is compilation here)."""
+  """PRNG implementation and the persistent compilation cache (on by default: most of a short
+  run is compilation here)."""
   import jax
 
+  # NOTE: must precede the first key; rbg's init and split compile faster than threefry's.
+  jax.config.update("jax_default_prng_impl", config.run.prng_impl)
   if config.run.compilation_cache:
     path = Path(config.run.compilation_cache_dir or default_cache_dir())
     path.mkdir(parents=True, exist_ok=True)

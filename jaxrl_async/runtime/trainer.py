@@ -7,6 +7,7 @@ Ctrl-C (KeyboardInterrupt in the main thread) stops every thread the same way.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import math
@@ -27,7 +28,7 @@ from jaxrl_async.runtime.learner import Learner
 from jaxrl_async.runtime.params import ParamStore
 from jaxrl_async.runtime.queue import RolloutQueue
 from jaxrl_async.runtime.rate import RateController
-from jaxrl_async.runtime.sharding import LEARNER_AXIS, learner_mesh, replicate
+from jaxrl_async.runtime.sharding import LEARNER_AXIS, learner_mesh, replicate, replicated
 
 _JOIN_TIMEOUT_S = 10.0
 
@@ -111,8 +112,18 @@ class Trainer:
     self.timings["compile_init_s"] = time.perf_counter() - t0
     return state
 
+  def _abstract_state(self) -> Any:
+    """Shapes, dtypes and shardings of the train state, without computing it."""
+    shapes = jax.eval_shape(self.algo.init, jax.random.key(self.config.run.seed))
+    sharding = replicated(self.mesh)
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+                        shapes)
+
   def _policy_step(self, params: Any) -> Any:
-    """The actors' jitted (params, obs, key) -> (action, extras, key), compiled here once."""
+    """The actors' jitted (params, obs, key) -> (action, extras, key), compiled here once.
+
+    `params` may be abstract (ShapeDtypeStructs): compiling needs shapes only.
+    """
     policy = self.algo.make_policy(0)
 
     def step(params, obs, key):
@@ -124,16 +135,24 @@ class Trainer:
     E, spec = self.config.env.batch_size, self.spec
     obs = jax.ShapeDtypeStruct((E,) + spec.obs_shape, spec.obs_dtype)
     key = jax.device_put(jax.random.key(0), self.actor_device)
-    compiled = jax.jit(step).lower(jax.device_put(params, self.actor_device), obs, key).compile()
+    on_actor = jax.sharding.SingleDeviceSharding(self.actor_device)
+    params = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=on_actor),
+                          params)
+    compiled = jax.jit(step).lower(params, obs, key).compile()
     self.timings["compile_policy_s"] = time.perf_counter() - t0
     return compiled
 
   def run(self) -> RunResult:
     cfg = self.config
-    state = self._init_state()
+    # Start-up is most of a short run here: the initial state, the policy and the update compile
+    # at the same time, each from abstract shapes (XLA compiles outside the GIL).
+    abstract = self._abstract_state()
+    startup = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="startup")
+    state_future = startup.submit(self._init_state)
+    policy_future = startup.submit(self._policy_step, self.algo.actor_params(abstract))
+    startup.shutdown(wait=False)
     version = 0
     store = ParamStore()
-    store.publish(self.algo.actor_params(state), version)
     queue = RolloutQueue(cfg.rate.resolved_queue_capacity)
     controller = RateController(cfg.rate, version)
     actors: list[Actor] = []
@@ -142,11 +161,13 @@ class Trainer:
     learner_cls = Learner
     if self.algo.off_policy:
       from jaxrl_async.runtime.offpolicy import OffPolicyLearner as learner_cls
-    learner = learner_cls(cfg, self.spec, self.algo, self.mesh, state, version, queue, store,
-                      controller, self.stop, wall_s)
+    learner = learner_cls(cfg, self.spec, self.algo, self.mesh, abstract, version, queue, store,
+                          controller, self.stop, wall_s, state_future=state_future)
     threads = [_Supervised("learner", learner.run, self.stop)]
-    threads[0].start()  # compiles the update while the policy compiles here
-    policy_step = self._policy_step(self.algo.actor_params(state))
+    threads[0].start()  # compiles the update, then waits for the initial state
+    state = state_future.result()
+    store.publish(self.algo.actor_params(state), version)
+    policy_step = policy_future.result()
     for i in range(cfg.actor.num_actors):
       actors.append(Actor(i, cfg, self.spec, self.algo, policy_step, self.actor_device,
                           self.mesh, queue, store, controller, stats, self.stop,
