@@ -11,7 +11,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from experiments.presets import PRESETS, preset
 from jaxrl_async.config import ConfigError, TrainConfig
@@ -45,6 +45,8 @@ def main(argv: list[str]) -> int:
   if len(argv) > 1:
     print(f"train: unexpected arguments {argv[1:]}", file=sys.stderr)
     return 2
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax and absl chatter at INFO
   try:
     config = resolve_config()
     from jaxrl_async.runtime import setup  # imports JAX; after the cheap checks
@@ -54,11 +56,11 @@ def main(argv: list[str]) -> int:
     from jaxrl_async.runtime.trainer import Trainer, validate
 
     timings = {"import_s": wall_s()}  # process start to every import done
-    spec = validate(config)
+    run_dir = Path(config.run.run_dir or f"runs/{_PRESET.value}-{config.run.seed}")
+    spec = validate(config, run_dir)
   except ConfigError as e:
     print(f"train: {e}", file=sys.stderr)
     return 2
-  run_dir = Path(config.run.run_dir or f"runs/{_PRESET.value}-{config.run.seed}")
   if not config.run.run_dir:
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, run_dir=str(run_dir)))
   trainer = Trainer(config, spec, run_dir, quiet=_QUIET.value, timings=timings)

@@ -214,12 +214,16 @@ class DQNConfig:
   replay_size: int = _f(100_000, "Replay capacity in transitions (all learner devices together).")
   min_replay_size: int = _f(5_000, "Transitions in replay before learning starts.")
   samples_per_insert: float = _f(4.0, "Target reuse ratio: sampled per inserted transition.")
-  spi_tolerance: float = _f(0.5, "Allowed error of the reuse ratio, in samples per insert.")
+  spi_tolerance: float = _f(0.5, "Allowed error of the reuse ratio, in samples per insert: "
+                            "the limiter's error buffer is spi_tolerance x min_replay_size "
+                            "sampled transitions (Acme's convention).")
   target_update_every: int = _f(250, "Gradient steps between target copies (0: Polyak).")
   target_tau: float = _f(0.005, "Polyak factor when target_update_every is 0.")
   epsilon_start: float = _f(1.0, "Initial exploration epsilon.")
-  epsilon_end: float = _f(0.05, "Final exploration epsilon (actor 0; others lower, Ape-X style).")
+  epsilon_end: float = _f(0.05, "Final exploration epsilon of env row 0 (the others lower).")
   epsilon_decay_steps: int = _f(50_000, "Env steps over which epsilon decays.")
+  epsilon_alpha: float = _f(7.0, "Ape-X spread: env row i of N (all actors) explores with "
+                            "epsilon ** (1 + alpha i / (N - 1)); 0: every env alike.")
   max_grad_norm: float = _f(10.0, "Global gradient-norm clip.")
   huber_delta: float = _f(1.0, "Huber loss delta.")
   double_q: bool = _f(True, "Double DQN targets.")
@@ -236,8 +240,28 @@ class DQNConfig:
     _check(self.min_replay_size <= self.replay_size, "min_replay_size", self.min_replay_size,
            f"must be <= --replay_size={self.replay_size}")
     _unit_interval(self, "target_tau", "epsilon_start", "epsilon_end")
+    _non_negative(self, "epsilon_alpha")
     _check(self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "must be > 0")
     _check(self.huber_delta > 0, "huber_delta", self.huber_delta, "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  checkpoint_every_s: float = _f(120.0, "Seconds between checkpoints; 0 disables the timer.")
+  checkpoint_every_updates: int = _f(0, "Versions between checkpoints; 0 disables.")
+  keep_checkpoints: int = _f(3, "Checkpoints kept (older ones are deleted).")
+  checkpoint_at_end: bool = _f(True, "Save a final checkpoint when the run ends or is stopped.")
+  checkpoint_replay: bool = _f(False, "Off-policy: include the replay contents (large).")
+  resume: bool = _f(False, "Continue from the newest complete checkpoint in --run_dir.")
+
+  def __post_init__(self):
+    _non_negative(self, "checkpoint_every_s", "checkpoint_every_updates")
+    _positive(self, "keep_checkpoints")
+
+  @property
+  def enabled(self) -> bool:
+    return bool(self.checkpoint_every_s or self.checkpoint_every_updates or
+                self.checkpoint_at_end)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,18 +276,22 @@ class RunConfig:
   compilation_cache_dir: str = _f("", "Cache folder; empty means ~/.cache/jaxrl_async/xla.")
   max_wall_s: float = _f(0.0, "Stop after this many seconds of training; 0 means no limit.")
   prng_impl: str = _f("rbg", "JAX PRNG: rbg (compiles faster here) or threefry2x32.")
+  actor_restarts: int = _f(2, "Times a failed actor thread is restarted before the run stops.")
+  max_nonfinite_updates: int = _f(10, "Consecutive non-finite updates (skipped) that stop the run.")
 
   def __post_init__(self):
     _positive(self, "total_env_steps", "return_window")
     _check(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "must be >= 0")
     _check(self.log_every_s > 0, "log_every_s", self.log_every_s, "must be > 0")
-    _non_negative(self, "max_wall_s")
+    _non_negative(self, "max_wall_s", "actor_restarts")
+    _positive(self, "max_nonfinite_updates")
     _check(self.prng_impl in ("rbg", "threefry2x32", "unsafe_rbg"), "prng_impl", self.prng_impl,
            "must be rbg, threefry2x32 or unsafe_rbg")
 
 
 ALGO_CONFIGS: dict[str, type] = {"impala": ImpalaConfig, "ppo": PPOConfig, "dqn": DQNConfig}
-COMPONENTS = (EnvConfig, ActorConfig, RateConfig, NetworkConfig, LearnerConfig, RunConfig)
+COMPONENTS = (EnvConfig, ActorConfig, RateConfig, NetworkConfig, LearnerConfig, CheckpointConfig,
+              RunConfig)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,6 +304,7 @@ class TrainConfig:
   network: NetworkConfig = dataclasses.field(default_factory=NetworkConfig)
   learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
   algo: Any = dataclasses.field(default_factory=ImpalaConfig)
+  checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
   run: RunConfig = dataclasses.field(default_factory=RunConfig)
 
   def __post_init__(self):
@@ -340,4 +369,4 @@ class TrainConfig:
 def _component_keys(algo: str) -> list[tuple[str, type]]:
   return [("env", EnvConfig), ("actor", ActorConfig), ("rate", RateConfig),
           ("network", NetworkConfig), ("learner", LearnerConfig), ("algo", ALGO_CONFIGS[algo]),
-          ("run", RunConfig)]
+          ("checkpoint", CheckpointConfig), ("run", RunConfig)]

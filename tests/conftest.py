@@ -13,7 +13,8 @@ from jaxrl_async.config import TrainConfig  # noqa: E402
 def small_config(**overrides) -> TrainConfig:
   values = dict(env_id="CartPole-v1", num_envs=8, num_actors=1, rollout_len=8,
                 max_policy_lag=1, total_env_steps=4_000, stop_at_return=float("nan"),
-                log_every_s=0.5, hidden_sizes="16,16")
+                log_every_s=0.5, hidden_sizes="16,16", checkpoint_at_end=False,
+                checkpoint_every_s=0.0)
   values.update(overrides)
   return TrainConfig.from_flat(values)
 

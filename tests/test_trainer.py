@@ -69,23 +69,44 @@ def test_lag_cap_holds_with_random_delays(K, tmp_path, monkeypatch):
   assert s["updates"] > 10
 
 
-def test_actor_exception_ends_the_run_with_its_traceback(tmp_path, monkeypatch):
+def fail_emits(monkeypatch, which):
+  """Makes Actor._emit raise on the calls whose (1-based) numbers are in `which`."""
   calls = []
   emit = actor_mod.Actor._emit
 
   def failing_emit(self, seg):
     calls.append(1)
-    if len(calls) == 3:
+    if which(len(calls)):
       raise RuntimeError("injected actor failure")
     return emit(self, seg)
 
   monkeypatch.setattr(actor_mod.Actor, "_emit", failing_emit)
-  config = small_config(num_actors=2, total_env_steps=10**9)
+
+
+def test_actor_exception_ends_the_run_with_its_traceback(tmp_path, monkeypatch):
+  fail_emits(monkeypatch, lambda n: n == 3)
+  config = small_config(num_actors=2, total_env_steps=10**9, actor_restarts=0)
   t0 = time.time()
   with pytest.raises(ThreadFailed, match="injected actor failure") as info:
     run(config, tmp_path)
   assert "failing_emit" in str(info.value)  # the traceback travels to the main thread
   assert time.time() - t0 < 30
+  assert not component_threads_alive()
+
+
+def test_failed_actor_is_restarted_and_the_loss_counted(tmp_path, monkeypatch):
+  fail_emits(monkeypatch, lambda n: n == 3)
+  config = small_config(num_actors=2, total_env_steps=3_000, actor_restarts=2)
+  s = run(config, tmp_path).summary
+  assert s["stop_reason"] == "budget"
+  assert s["actor_restarts"] == 1 and s["lost_rollouts"] == 1 and s["lost_env_steps"] > 0
+
+
+def test_actor_failing_past_the_restart_limit_stops_the_run(tmp_path, monkeypatch):
+  fail_emits(monkeypatch, lambda n: n >= 2)
+  config = small_config(num_actors=1, total_env_steps=10**9, actor_restarts=2)
+  with pytest.raises(ThreadFailed, match="injected actor failure"):
+    run(config, tmp_path)
   assert not component_threads_alive()
 
 

@@ -57,6 +57,8 @@ class Algorithm(NamedTuple):
   # extra pure functions that learner needs (replay insert and sample).
   off_policy: bool = False
   extension: Any = None
+  # greedy_policy(actor_params, obs) -> action: the evaluation policy (argmax, Gaussian mean).
+  greedy_policy: Callable[[Any, Array], Array] | None = None
 
 
 def concat_rollouts(rollouts: tuple[Rollout, ...]) -> Rollout:

@@ -132,7 +132,9 @@ def make_impala(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm
     return ImpalaState(params, opt_state, key, state.version + 1), metrics
 
   policy = categorical_policy(net)
+  greedy = lambda params, obs: jnp.argmax(net.apply(params, obs)[0], -1).astype(jnp.int32)
   return Algorithm(
       name="impala", init=init, make_policy=lambda actor_index: policy, update=update,
       actor_params=lambda state: state.params,
-      extras_spec={"logp": ((), np.dtype(np.float32))}, grad_steps_per_update=grad_steps)
+      extras_spec={"logp": ((), np.dtype(np.float32))}, grad_steps_per_update=grad_steps,
+      greedy_policy=greedy)

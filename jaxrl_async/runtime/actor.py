@@ -33,10 +33,12 @@ from jaxrl_async.runtime.sharding import put_batch
 _WAKE_S = 0.1  # every blocking wait wakes this often to look at the stop flag
 
 
-def env_seed(seed: int, actor_index: int, num_envs: int) -> int:
-  """EnvPool seeds env i of this pool with `env_seed + i`; ranges never overlap across actors
-  (or hosts: `actor_index` is global) for fewer than 2**20 envs per run."""
-  return seed * 2**20 + actor_index * num_envs
+def env_seed(seed: int, actor_index: int, num_envs: int, salt: int = 0) -> int:
+  """EnvPool seeds env i of this pool with `env_seed + i` (an int32). Within a run the ranges
+  never overlap across actors, hosts included (`actor_index` is global), for < 2**24 envs; the
+  base mixes the run seed with `salt` (resume version, restart count) so sessions differ."""
+  base = int(np.random.SeedSequence([seed, salt]).generate_state(1)[0]) % (2**31 - 2**24)
+  return base + actor_index * num_envs
 
 
 @dataclasses.dataclass
@@ -50,6 +52,8 @@ class ActorTimers:
   param_fetch_s: float = 0.0
   env_steps: int = 0
   rollouts: int = 0
+  lost_rollouts: int = 0  # in flight when the actor failed and was restarted
+  lost_env_steps: int = 0
 
 
 class _Segment:
@@ -77,13 +81,18 @@ class Actor:
                policy_step: Any, device: jax.Device, mesh: Any, queue: RolloutQueue,
                store: ParamStore, controller: RateController, stats: EpisodeStats,
                stop: threading.Event, global_index: int | None = None,
-               pool_factory: Any = envs.make_pool):
+               pool_factory: Any = envs.make_pool, start_version: int = 0):
     self.index, self.config, self.spec, self.algo = index, config, spec, algo
     self.policy_step, self.device, self.mesh = policy_step, device, mesh
     self.queue, self.store, self.controller, self.stats, self.stop = (
         queue, store, controller, stats, stop)
     self.global_index = index if global_index is None else global_index
     self.pool_factory = pool_factory  # tests pass an EnvPool-shaped fake
+    # A resumed run must not replay the episodes and action noise of the first session, and a
+    # restarted actor not those of its failed run: both are folded into the seeds.
+    self.start_version = start_version
+    self.incarnation = 0
+    self._steps_since_emit = 0
     self.timers = ActorTimers()
     self.T, self.E = config.actor.rollout_len, config.env.num_envs
     self._atari = envs.is_atari(spec.env_id)
@@ -119,21 +128,41 @@ class Actor:
         self._ticket = None  # the permit now travels with the rollout
         self.timers.put_s += time.perf_counter() - t0
         self.timers.rollouts += 1
+        self._steps_since_emit = 0
         return True
     return False
 
   # -- the loop ----------------------------------------------------------------------------
 
+  def on_restart(self) -> None:
+    """Called by the supervisor after a failure: what was in flight is lost, and counted."""
+    self.timers.lost_rollouts += 1
+    self.timers.lost_env_steps += self._steps_since_emit
+    self._steps_since_emit = 0
+    self.incarnation += 1
+
+  def _salt(self) -> int:
+    return self.start_version + 1_000_003 * self.incarnation
+
   def run(self) -> None:
-    pool = self.pool_factory(self.config.env, env_seed(self.config.run.seed, self.global_index,
-                                                    self.E))
+    env_id = self.config.env.env_id
+    try:
+      pool = self.pool_factory(self.config.env, env_seed(self.config.run.seed, self.global_index,
+                                                        self.E, self._salt()))
+    except Exception as e:
+      raise RuntimeError(f"EnvPool could not make {env_id} for actor {self.index}: {e}") from e
     try:
       self._loop(pool)
     except QueueClosed:
       pass  # shutdown
+    except Exception as e:
+      if type(e).__module__.startswith("envpool") or "envpool" in repr(e).lower():
+        raise RuntimeError(f"EnvPool {env_id} failed in actor {self.index}: {e}") from e
+      raise
     finally:
       if self._ticket is not None:
         self.controller.release(self._ticket)
+        self._ticket = None
       pool.close()
 
   def _loop(self, pool: Any) -> None:
@@ -143,8 +172,8 @@ class Actor:
     counts = np.zeros(E, np.int64)  # recvs so far per env = the next obs time index
     tracker = envs.EpisodeTracker(E)
     key = jax.device_put(
-        jax.random.fold_in(jax.random.key(self.config.run.seed), 7919 + self.global_index),
-        self.device)
+        jax.random.fold_in(jax.random.fold_in(jax.random.key(self.config.run.seed),
+                                              self.global_index), self._salt()), self.device)
     next_emit = 0
     if not self._acquire_permit():
       return
@@ -159,6 +188,7 @@ class Actor:
       obs = obs.astype(self.spec.obs_dtype, copy=False)
       ids = np.asarray(info["env_id"])
       self.timers.env_steps += len(ids)
+      self._steps_since_emit += len(ids)
       n = counts[ids]
       counts[ids] += 1
 

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_async.algos.base import Algorithm, Rollout, concat_rollouts
@@ -54,9 +55,36 @@ def batch_shapes(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any
   return (one,) * config.rate.rollouts_per_update
 
 
+class NonFiniteUpdates(RuntimeError):
+  """Too many consecutive updates produced non-finite values."""
+
+
+def skip_nonfinite(update: Any) -> Any:
+  """Wraps `update(state, batch)`: if anything it produced is not finite (loss, gradients, and so
+  params or optimiser state), the old state is kept, and `metrics["nonfinite"]` says so.
+
+  The version still advances (its params equal the previous version's), so checking the flag
+  never needs a host round trip on the learner's critical path.
+  """
+
+  def guarded(state, batch):
+    new_state, metrics = update(state, batch)
+    floats = [x for x in jax.tree.leaves((new_state, metrics))
+              if jnp.issubdtype(x.dtype, jnp.floating)]
+    ok = jnp.stack([jnp.isfinite(x).all() for x in floats]).all()
+    # Only float leaves roll back; counters (the version) and RNG keys move on.
+    keep = lambda new, old: jnp.where(ok, new, old) if jnp.issubdtype(new.dtype, jnp.floating) \
+        else new
+    state = jax.tree.map(keep, new_state, state)
+    return state, dict(metrics, nonfinite=~ok)
+
+  return guarded
+
+
 def compile_update(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any,
                    state: Any) -> Any:
-  step = data_parallel(lambda s, rollouts: algo.update(s, concat_rollouts(rollouts)), mesh)
+  update = skip_nonfinite(lambda s, rollouts: algo.update(s, concat_rollouts(rollouts)))
+  step = data_parallel(update, mesh)
   return step.lower(state, batch_shapes(config, spec, algo, mesh)).compile()
 
 
@@ -79,8 +107,13 @@ class Learner:
     self.last_metrics: Any = None
     self.compiled = threading.Event()
     # The budget is counted in updates, so a run's length does not depend on thread timing.
-    self.max_updates = -(-config.run.total_env_steps // config.env_steps_per_update)
+    self.max_updates = max(
+        0, -(-config.run.total_env_steps // config.env_steps_per_update) - version)
     self.finished = threading.Event()
+    self.after_update: Any = None  # the trainer's hook (checkpoints): f(version, state)
+    self.nonfinite_skipped = 0
+    self._nonfinite_run = 0
+    self._pending_flag: Any = None
 
   def _compile(self) -> None:
     if self.step_fn is None:
@@ -145,3 +178,22 @@ class Learner:
       self.timers.consumed_env_steps += steps_per_update * max(reuse, 1)
       if self.timers.first_update_wall_s is None:
         self.timers.first_update_wall_s = self.wall_s()
+      self._count_nonfinite(self.last_metrics["nonfinite"])
+      if self.after_update is not None:
+        self.after_update(self.version, self.state)
+
+  def _count_nonfinite(self, flag: Any) -> None:
+    """Reads the previous update's flag (finished by now, as the new update depends on it)."""
+    previous, self._pending_flag = self._pending_flag, flag
+    if previous is None:
+      return
+    if bool(previous):
+      self.nonfinite_skipped += 1
+      self._nonfinite_run += 1
+      if self._nonfinite_run >= self.config.run.max_nonfinite_updates:
+        raise NonFiniteUpdates(
+            f"{self._nonfinite_run} consecutive updates had non-finite loss or gradients "
+            f"(--max_nonfinite_updates={self.config.run.max_nonfinite_updates}); each was "
+            "skipped, so the params and the last checkpoint are the last finite ones")
+    else:
+      self._nonfinite_run = 0

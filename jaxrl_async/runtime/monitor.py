@@ -1,0 +1,81 @@
+"""Turns the components' counters into one metrics record per interval: rates, lag, waits."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import jax
+
+from jaxrl_async.metrics import Ema, wall_s
+
+
+class Monitor:
+  """Turns the components' counters into one metrics record per interval."""
+
+  def __init__(self, cfg, actors, learner, controller, queue, stats, writer,
+               base_env_steps: int = 0, base_episodes: int = 0):
+    self.cfg, self.actors, self.learner = cfg, actors, learner
+    self.controller, self.queue, self.stats, self.writer = controller, queue, stats, writer
+    self.base_env_steps, self.base_episodes = base_env_steps, base_episodes  # from a resume
+    self.production, self.consumption, self.sps = Ema(), Ema(), Ema(2.0)
+    self._last = {"t": time.time(), "blocked": 0.0, "idle": 0.0, "steps": 0}
+    self.extra: dict[str, Any] = {}  # set by the trainer (checkpoint counts...)
+
+  def env_steps(self) -> int:
+    return self.base_env_steps + sum(a.timers.env_steps for a in self.actors)
+
+  def record(self) -> dict[str, Any]:
+    now = time.time()
+    env_steps = self.env_steps()
+    delivered = sum(a.timers.rollouts for a in self.actors) * self.cfg.env_steps_per_rollout
+    consumed = self.learner.timers.consumed_env_steps
+    production = self.production.update(delivered, now)
+    consumption = self.consumption.update(consumed, now)
+    sps = self.sps.update(env_steps, now)
+    dt = max(now - self._last["t"], 1e-9)
+    blocked = sum(a.timers.permit_s + a.timers.put_s for a in self.actors)
+    idle = self.learner.timers.idle_s
+    lag_window = self.controller.take_lag_window()
+    n_lag = sum(lag_window.values())
+    record = {
+        "env_steps": env_steps,
+        "wall_s": wall_s(),
+        "sps": sps if sps is not None else (env_steps - self._last["steps"]) / dt,
+        "episodes": self.base_episodes + self.stats.episodes,
+        "return_mean": self.stats.return_mean(),
+        "length_mean": self.stats.length_mean(),
+        "version": self.learner.version,
+        "policy_lag_mean": sum(k * v for k, v in lag_window.items()) / n_lag if n_lag else 0.0,
+        "policy_lag_max": max(lag_window) if lag_window else 0,
+        "lag_hist": {str(k): v for k, v in sorted(lag_window.items())},
+        "dropped_stale": self.controller.dropped_stale,
+        "queue_depth": len(self.queue),
+        "production_sps": production or 0.0,
+        "consumption_sps": consumption or 0.0,
+        "reuse_ratio": (consumption / production) if production and consumption else None,
+        "actor_blocked_frac": min(
+            1.0, (blocked - self._last["blocked"]) / dt / max(len(self.actors), 1)),
+        "learner_idle_frac": min(1.0, (idle - self._last["idle"]) / dt),
+        "nonfinite_skipped": self.learner.nonfinite_skipped,
+        "env_recv_s": sum(a.timers.env_recv_s for a in self.actors),
+        "inference_s": sum(a.timers.inference_s for a in self.actors),
+        "param_fetch_s": sum(a.timers.param_fetch_s for a in self.actors),
+        "queue_put_s": self.queue.put_wait_s,
+        "queue_get_s": self.queue.get_wait_s,
+    }
+    if self.learner.last_metrics is not None:
+      losses = jax.device_get(self.learner.last_metrics)
+      record.update({k: float(v) for k, v in losses.items()
+                     if k != "nonfinite" and math.isfinite(float(v))})
+    if hasattr(self.learner, "extra_metrics"):
+      record.update(self.learner.extra_metrics())
+    record.update(self.extra)
+    self._last = {"t": now, "blocked": blocked, "idle": idle, "steps": env_steps}
+    return record
+
+  def log(self) -> dict[str, Any]:
+    record = self.record()
+    self.writer.write(record)
+    return record

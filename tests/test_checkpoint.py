@@ -1,0 +1,192 @@
+"""Checkpoints, resume and faults: exact restore, kill -9, SIGTERM, non-finite updates."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_async import envs
+from jaxrl_async.checkpoint import Checkpointer
+from jaxrl_async.runtime import trainer as trainer_mod
+from jaxrl_async.runtime.trainer import ThreadFailed, Trainer
+from tests.conftest import small_config
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+
+
+def run(config, run_dir):
+  return Trainer(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run()
+
+
+def assert_trees_equal(a, b):
+  a, b = jax.device_get(a), jax.device_get(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    if jnp.issubdtype(getattr(x, "dtype", np.float32), jax.dtypes.prng_key):
+      x, y = jax.random.key_data(x), jax.random.key_data(y)
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_save_then_resume_is_exact_and_continues(tmp_path):
+  config = small_config(total_env_steps=3_000, checkpoint_at_end=True)
+  first = run(config, tmp_path)
+  trainer = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True)
+  state, meta = Checkpointer(tmp_path).restore(trainer._abstract_state())
+  assert meta["version"] == first.version
+  assert_trees_equal(state, first.state)  # params, optimiser state, RNG key, version
+  assert meta["counters"]["env_steps"] == first.summary["env_steps"]
+  lines_before = (tmp_path / "metrics.jsonl").read_text().count("\n")
+
+  resumed = run(small_config(total_env_steps=6_000, checkpoint_at_end=True, resume=True),
+                tmp_path)
+  s = resumed.summary
+  assert s["resumed_from_version"] == first.version
+  assert resumed.version == -(-6_000 // 64)  # the budget counts the first session's updates
+  assert s["env_steps"] > first.summary["env_steps"]
+  assert (tmp_path / "metrics.jsonl").read_text().count("\n") > lines_before  # appended
+
+
+def test_resume_with_another_network_is_refused(tmp_path):
+  run(small_config(total_env_steps=1_000, checkpoint_at_end=True), tmp_path)
+  r = subprocess.run([sys.executable, "-m", "experiments.train", f"--run_dir={tmp_path}",
+                      "--resume", "--hidden_sizes=32,32"], cwd=ROOT, env=ENV,
+                     capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2
+  assert "--hidden_sizes" in r.stderr and "checkpoint" in r.stderr
+
+
+def test_interrupted_save_never_hides_the_previous_checkpoint(tmp_path):
+  config = small_config(total_env_steps=2_000, checkpoint_at_end=True)
+  first = run(config, tmp_path)
+  # What a kill during a save leaves: orbax's temporary folder for a newer step.
+  partial = tmp_path / "checkpoints" / f"{first.version + 10}.orbax-checkpoint-tmp-1234"
+  (partial / "state").mkdir(parents=True)
+  (partial / "state" / "garbage").write_bytes(b"\0" * 100)
+  ck = Checkpointer(tmp_path)
+  assert ck.latest_version() == first.version
+  trainer = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True)
+  state, _ = ck.restore(trainer._abstract_state())
+  assert_trees_equal(state.params, first.state.params)
+
+
+def _train_proc(run_dir, *flags):
+  return subprocess.Popen(
+      [sys.executable, "-m", "experiments.train", f"--run_dir={run_dir}", "--quiet",
+       "--total_env_steps=100000000", "--stop_at_return=nan", "--num_envs=8",
+       "--rollout_len=8", *flags], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_checkpoints(run_dir, n, proc, timeout=120):
+  deadline = time.time() + timeout
+  while True:
+    ck = run_dir / "checkpoints"
+    done = [p for p in ck.glob("*") if p.name.isdigit()] if ck.exists() else []
+    if len(done) >= n:
+      return
+    assert proc.poll() is None, proc.stderr.read()[-3000:]
+    assert time.time() < deadline, "no checkpoint appeared"
+    time.sleep(0.1)
+
+
+def test_kill_9_then_resume_from_the_last_complete_checkpoint(tmp_path):
+  proc = _train_proc(tmp_path, "--checkpoint_every_updates=20", "--checkpoint_every_s=0")
+  _wait_for_checkpoints(tmp_path, 2, proc)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait(10)
+  latest = Checkpointer(tmp_path).latest_version()
+  assert latest is not None and latest % 20 == 0
+  r = subprocess.run([sys.executable, "-m", "experiments.train", f"--run_dir={tmp_path}",
+                      "--quiet", "--resume", "--num_envs=8", "--rollout_len=8",
+                      f"--total_env_steps={(latest + 5) * 64}", "--stop_at_return=nan"],
+                     cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr[-3000:]
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert summary["resumed_from_version"] >= latest
+  assert summary["version"] == latest + 5 or summary["version"] > summary["resumed_from_version"]
+
+
+def _last_version(metrics: Path) -> int:
+  lines = metrics.read_text().splitlines() if metrics.exists() else []
+  return json.loads(lines[-1])["version"] if lines else -1
+
+
+def test_sigterm_exits_0_with_a_final_checkpoint(tmp_path):
+  proc = _train_proc(tmp_path, "--checkpoint_every_s=0", "--log_every_s=0.5")
+  deadline = time.time() + 90
+  while _last_version(tmp_path / "metrics.jsonl") < 1:
+    assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
+    time.sleep(0.1)
+  t0 = time.time()
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=30)
+  assert proc.returncode == 0, err[-3000:]
+  assert time.time() - t0 < 30
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert summary["stop_reason"] == "terminated"
+  assert Checkpointer(tmp_path).latest_version() == summary["version"] > 0
+
+
+def _poison_updates(monkeypatch, from_version):
+  """Makes every update from `from_version` on produce NaN gradients (hence NaN params)."""
+  make = trainer_mod.make_algorithm
+
+  def make_poisoned(config, spec, axis_name):
+    algo = make(config, spec, axis_name)
+
+    def update(state, batch):
+      new, metrics = algo.update(state, batch)
+      bad = state.version >= from_version
+      poison = lambda x: jnp.where(bad, jnp.nan, x) if jnp.issubdtype(x.dtype, jnp.floating) \
+          else x
+      return new.replace(params=jax.tree.map(poison, new.params)), metrics
+
+    return algo._replace(update=update)
+
+  monkeypatch.setattr(trainer_mod, "make_algorithm", make_poisoned)
+
+
+def test_nonfinite_updates_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
+  _poison_updates(monkeypatch, from_version=5)
+  config = small_config(total_env_steps=10**8, max_nonfinite_updates=4, checkpoint_at_end=True)
+  with pytest.raises(ThreadFailed, match="non-finite"):
+    run(config, tmp_path)
+  trainer = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True)
+  state, meta = Checkpointer(tmp_path).restore(trainer._abstract_state())
+  leaves = jax.tree.leaves(jax.device_get(state.params))
+  assert all(np.isfinite(x).all() for x in leaves)  # the last good params were kept and saved
+  assert meta["version"] >= 5
+
+
+def test_isolated_nonfinite_updates_are_skipped_and_counted(tmp_path, monkeypatch):
+  make = trainer_mod.make_algorithm
+
+  def make_flaky(config, spec, axis_name):
+    algo = make(config, spec, axis_name)
+
+    def update(state, batch):
+      new, metrics = algo.update(state, batch)
+      bad = state.version % 7 == 3
+      return new, dict(metrics, pg_loss=jnp.where(bad, jnp.nan, metrics["pg_loss"]))
+
+    return algo._replace(update=update)
+
+  monkeypatch.setattr(trainer_mod, "make_algorithm", make_flaky)
+  s = run(small_config(total_env_steps=3_000, max_nonfinite_updates=2), tmp_path).summary
+  assert s["stop_reason"] == "budget"
+  assert s["nonfinite_skipped"] >= 3
+
+
+def test_restore_into_an_empty_dir_is_none(tmp_path):
+  assert Checkpointer(tmp_path).latest_version() is None
+  shutil.rmtree(tmp_path)
+  assert Checkpointer(tmp_path).read_meta() is None
