@@ -96,12 +96,25 @@ class RateConfig:
                           "queue (queue_capacity) only bounds memory; for comparison only.")
   rollouts_per_update: int = _f(1, "Rollouts the learner concatenates into one update.")
   queue_capacity: int = _f(0, "Rollout queue bound; 0 derives it from the lag cap.")
+  balance: str = _f("off", "off: fixed actors; auto: adapt the active actors so the learner "
+                    "idles less than --target_idle while the mean lag stays under --target_lag.")
+  target_lag: float = _f(0.5, "balance=auto: mean policy lag to stay under (below the cap K).")
+  target_idle: float = _f(0.2, "balance=auto: learner idle fraction to stay under.")
+  balance_every_s: float = _f(1.0, "balance=auto: seconds between control steps.")
 
   def __post_init__(self):
     _check(isinstance(self.max_policy_lag, int) and self.max_policy_lag >= 0,
            "max_policy_lag", self.max_policy_lag, "must be an integer >= 0")
     _positive(self, "rollouts_per_update")
     _non_negative(self, "queue_capacity")
+    _check(self.balance in ("off", "auto"), "balance", self.balance, "must be off or auto")
+    _check(isinstance(self.target_lag, int | float) and self.target_lag >= 0, "target_lag",
+           self.target_lag, "must be >= 0")
+    if self.balance == "auto" and not self.free_running:
+      _check(self.target_lag <= self.max_policy_lag, "target_lag", self.target_lag,
+             f"must be <= --max_policy_lag={self.max_policy_lag} (the hard cap)")
+    _unit_interval(self, "target_idle")
+    _check(self.balance_every_s > 0, "balance_every_s", self.balance_every_s, "must be > 0")
 
   @property
   def capped(self) -> bool:

@@ -84,16 +84,18 @@ def make_pool(cfg: EnvConfig, seed: int, num_envs: int | None = None,
 
   num_envs = num_envs or cfg.num_envs
   batch_size = batch_size or (cfg.batch_size if num_envs == cfg.num_envs else num_envs)
-  return envpool.make(cfg.env_id, env_type="gymnasium", num_envs=num_envs,
-                      batch_size=batch_size, num_threads=cfg.env_threads, seed=seed,
-                      **_make_kwargs(cfg))
+  with warnings.catch_warnings():
+    # gymnasium warns that EnvPool's float64 Box bounds are cast to float32: harmless noise.
+    warnings.simplefilter("ignore", UserWarning)
+    return envpool.make(cfg.env_id, env_type="gymnasium", num_envs=num_envs,
+                        batch_size=batch_size, num_threads=cfg.env_threads, seed=seed,
+                        **_make_kwargs(cfg))
 
 
 def env_spec(cfg: EnvConfig) -> EnvSpec:
   check_env_id(cfg.env_id)
   with warnings.catch_warnings():
-    # gymnasium warns that EnvPool's float64 Box bounds are cast to float32: harmless noise.
-    warnings.simplefilter("ignore", UserWarning)
+    warnings.simplefilter("ignore", UserWarning)  # as in make_pool
     pool = make_pool(cfg, seed=0, num_envs=1, batch_size=1)
     obs_space, act_space = pool.observation_space, pool.action_space
   dtype = np.dtype(np.float32) if np.issubdtype(obs_space.dtype, np.floating) else obs_space.dtype

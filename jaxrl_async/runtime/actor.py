@@ -49,6 +49,7 @@ class ActorTimers:
   inference_s: float = 0.0
   put_s: float = 0.0
   permit_s: float = 0.0
+  paused_s: float = 0.0  # held back by the balancer (not counted as blocked)
   param_fetch_s: float = 0.0
   env_steps: int = 0
   rollouts: int = 0
@@ -81,7 +82,8 @@ class Actor:
                policy_step: Any, device: jax.Device, mesh: Any, queue: RolloutQueue,
                store: ParamStore, controller: RateController, stats: EpisodeStats,
                stop: threading.Event, global_index: int | None = None,
-               pool_factory: Any = envs.make_pool, start_version: int = 0):
+               pool_factory: Any = envs.make_pool, start_version: int = 0,
+               gate: Any = None):
     self.index, self.config, self.spec, self.algo = index, config, spec, algo
     self.policy_step, self.device, self.mesh = policy_step, device, mesh
     self.queue, self.store, self.controller, self.stats, self.stop = (
@@ -91,6 +93,7 @@ class Actor:
     # A resumed run must not replay the episodes and action noise of the first session, and a
     # restarted actor not those of its failed run: both are folded into the seeds.
     self.start_version = start_version
+    self.gate = gate  # balance=auto: whether this actor may start a rollout now
     self.incarnation = 0
     self._steps_since_emit = 0
     self.timers = ActorTimers()
@@ -101,6 +104,12 @@ class Actor:
   # -- blocking steps, each with a timeout and a look at the stop flag ----------------------
 
   def _acquire_permit(self) -> bool:
+    if self.gate is not None:
+      t0 = time.perf_counter()
+      while not self.gate.wait_active(self.index, _WAKE_S):
+        if self.stop.is_set():
+          return False
+      self.timers.paused_s += time.perf_counter() - t0
     t0 = time.perf_counter()
     while not self.stop.is_set():
       self._ticket = self.controller.acquire(_WAKE_S)

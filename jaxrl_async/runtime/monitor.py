@@ -22,6 +22,7 @@ class Monitor:
     self.production, self.consumption, self.sps = Ema(), Ema(), Ema(2.0)
     self._last = {"t": time.time(), "blocked": 0.0, "idle": 0.0, "steps": 0}
     self.extra: dict[str, Any] = {}  # set by the trainer (checkpoint counts...)
+    self.balancer: Any = None  # balance=auto
 
   def env_steps(self) -> int:
     return self.base_env_steps + sum(a.timers.env_steps for a in self.actors)
@@ -71,6 +72,9 @@ class Monitor:
                      if k != "nonfinite" and math.isfinite(float(v))})
     if hasattr(self.learner, "extra_metrics"):
       record.update(self.learner.extra_metrics())
+    if self.balancer is not None:
+      record["active_actors"] = self.balancer.gate.active
+      record["balance_decisions"] = self.balancer.take_unlogged()
     record.update(self.extra)
     self._last = {"t": now, "blocked": blocked, "idle": idle, "steps": env_steps}
     return record

@@ -25,6 +25,7 @@ from jaxrl_async.checkpoint import Checkpointer, check_compatible
 from jaxrl_async.config import ConfigError, TrainConfig
 from jaxrl_async.metrics import EpisodeStats, MetricsWriter, wall_s
 from jaxrl_async.runtime.actor import Actor
+from jaxrl_async.runtime.balance import ActorGate, Balancer
 from jaxrl_async.runtime.learner import Learner
 from jaxrl_async.runtime.monitor import Monitor
 from jaxrl_async.runtime.params import ParamStore
@@ -189,10 +190,11 @@ class Trainer:
     state = state_future.result()
     store.publish(self.algo.actor_params(state), version)
     policy_step = policy_future.result()
+    gate = ActorGate(cfg.actor.num_actors) if cfg.rate.balance == "auto" else None
     for i in range(cfg.actor.num_actors):
       actor = Actor(i, cfg, self.spec, self.algo, policy_step, self.actor_device, self.mesh,
                     queue, store, controller, stats, self.stop, pool_factory=self.pool_factory,
-                    start_version=version)
+                    start_version=version, gate=gate)
       actors.append(actor)
       threads.append(Supervised(f"actor-{i}", actor.run, self.stop,
                                 restarts=cfg.run.actor_restarts, on_restart=actor.on_restart))
@@ -203,6 +205,9 @@ class Trainer:
     monitor = Monitor(cfg, actors, learner, controller, queue, stats, writer,
                       self.start.env_steps, self.start.episodes)
     monitor_ref.append(monitor)
+    if gate is not None:
+      monitor.balancer = Balancer(gate, learner, controller, cfg.rate.target_lag,
+                                  cfg.rate.target_idle, cfg.rate.balance_every_s)
     learner.after_update = self._checkpoint_hook(learner, controller, monitor, stats)
     try:
       reason = self._supervise(threads, learner, stats, monitor)
@@ -230,6 +235,8 @@ class Trainer:
     cfg = self.config.run
     next_log = time.time() + cfg.log_every_s
     t_start = time.time()
+    balancer = monitor.balancer
+    next_balance = time.time() + (balancer.every_s if balancer else float("inf"))
     while True:
       stats.solved.wait(0.02)
       if stats.solved.is_set():
@@ -242,6 +249,9 @@ class Trainer:
         return "error" if any(t.error for t in threads) else "stopped"
       if cfg.max_wall_s and time.time() - t_start >= cfg.max_wall_s:
         return "max_wall_s"
+      if time.time() >= next_balance:
+        balancer.step(wall_s())
+        next_balance += balancer.every_s
       if time.time() >= next_log:
         monitor.log()
         next_log += cfg.log_every_s
@@ -311,6 +321,8 @@ class Trainer:
         "lost_rollouts": sum(a.timers.lost_rollouts for a in actors),
         "lost_env_steps": sum(a.timers.lost_env_steps for a in actors),
         "checkpoints_saved": self.checkpointer.saves if self.checkpointer else 0,
+        "balance_decisions": ([vars(d) for d in monitor.balancer.decisions]
+                              if monitor.balancer else []),
         "timings": timings,
         "config": self.config.to_flat(),
     }

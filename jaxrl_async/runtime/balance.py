@@ -1,0 +1,100 @@
+"""--balance=auto: adapts the production side to the learner, inside the hard lag cap.
+
+Every `balance_every_s` the balancer looks at the last window: the learner's idle fraction
+(waiting for rollouts) and the mean policy lag learned from. Idle learner and lag within target
+-> one more actor may produce; lag above target -> one fewer. The cap K is enforced by the rate
+controller regardless; the balancer only moves the operating point below it, where staleness
+costs less. Each decision is logged with its reason and kept for metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+from absl import logging
+
+
+class ActorGate:
+  """Which actors may start a rollout. A paused actor waits here (with a timeout) instead of
+  asking for a permit, so it holds no ticket while paused."""
+
+  def __init__(self, num_actors: int, active: int | None = None):
+    self.num_actors = num_actors
+    self._active = num_actors if active is None else active
+    self._cond = threading.Condition()
+
+  @property
+  def active(self) -> int:
+    return self._active
+
+  def set_active(self, n: int) -> None:
+    with self._cond:
+      self._active = max(1, min(self.num_actors, n))
+      self._cond.notify_all()
+
+  def wait_active(self, index: int, timeout: float) -> bool:
+    with self._cond:
+      return self._cond.wait_for(lambda: index < self._active, timeout)
+
+
+@dataclasses.dataclass
+class Decision:
+  wall_s: float
+  active: int
+  reason: str
+
+
+class Balancer:
+  """Reads the learner's idle time and the controller's lag histogram; moves the gate."""
+
+  def __init__(self, gate: ActorGate, learner: Any, controller: Any, target_lag: float,
+               target_idle: float, every_s: float):
+    self.gate, self.learner, self.controller = gate, learner, controller
+    self.target_lag, self.target_idle, self.every_s = target_lag, target_idle, every_s
+    self.decisions: list[Decision] = []
+    self._unlogged: list[Decision] = []
+    self._last_t = time.time()
+    self._last_idle = 0.0
+    self._last_hist: dict[int, int] = {}
+
+  def _window(self) -> tuple[float, float | None]:
+    now = time.time()
+    idle = self.learner.timers.idle_s
+    hist = dict(self.controller.lag_hist)
+    dt = max(now - self._last_t, 1e-9)
+    idle_frac = (idle - self._last_idle) / dt
+    delta = {k: v - self._last_hist.get(k, 0) for k, v in hist.items()}
+    n = sum(delta.values())
+    lag_mean = sum(k * v for k, v in delta.items()) / n if n else None
+    self._last_t, self._last_idle, self._last_hist = now, idle, hist
+    return idle_frac, lag_mean
+
+  def step(self, wall_s: float) -> Decision | None:
+    """One control step; call every `every_s` seconds. Returns the decision, if any."""
+    idle_frac, lag_mean = self._window()
+    if lag_mean is None:
+      return None  # nothing was learned in the window: no evidence either way
+    active = self.gate.active
+    if lag_mean > self.target_lag and active > 1:
+      reason = f"mean lag {lag_mean:.2f} > target {self.target_lag:.2f}: one actor fewer"
+      active -= 1
+    elif (idle_frac > self.target_idle and lag_mean <= self.target_lag
+          and active < self.gate.num_actors):
+      reason = (f"learner idle {100 * idle_frac:.0f}% > {100 * self.target_idle:.0f}% with mean "
+                f"lag {lag_mean:.2f} <= {self.target_lag:.2f}: one actor more")
+      active += 1
+    else:
+      return None
+    self.gate.set_active(active)
+    decision = Decision(wall_s, active, reason)
+    self.decisions.append(decision)
+    self._unlogged.append(decision)
+    logging.info("balance: %s (active actors %d)", reason, active)
+    return decision
+
+  def take_unlogged(self) -> list[dict[str, Any]]:
+    out, self._unlogged = [dataclasses.asdict(d) for d in self._unlogged], []
+    return out

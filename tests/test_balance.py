@@ -1,0 +1,65 @@
+"""The auto balancer: its decisions on synthetic windows, and a real run under it."""
+
+import collections
+import threading
+import types
+
+from jaxrl_async import envs
+from jaxrl_async.runtime.balance import ActorGate, Balancer
+from jaxrl_async.runtime.trainer import Trainer
+from tests.conftest import small_config
+
+
+def fake(idle_s=0.0, lags=None):
+  learner = types.SimpleNamespace(timers=types.SimpleNamespace(idle_s=idle_s))
+  controller = types.SimpleNamespace(lag_hist=collections.Counter(lags or {}))
+  return learner, controller
+
+
+def test_high_lag_removes_an_actor_and_idle_learner_adds_one():
+  gate = ActorGate(4)
+  learner, controller = fake()
+  b = Balancer(gate, learner, controller, target_lag=0.5, target_idle=0.2, every_s=1.0)
+  b._last_t -= 1.0
+  controller.lag_hist.update({1: 10, 2: 10})  # mean lag 1.5 > 0.5
+  d = b.step(0.0)
+  assert d is not None and gate.active == 3 and "mean lag 1.50" in d.reason
+  b._last_t -= 1.0
+  learner.timers.idle_s += 0.9  # idle 90% of the window
+  controller.lag_hist.update({0: 30})  # mean lag 0 in this window
+  d = b.step(1.0)
+  assert d is not None and gate.active == 4 and "idle" in d.reason
+  b._last_t -= 1.0
+  controller.lag_hist.update({0: 5})  # idle 0%, lag fine: hold
+  assert b.step(2.0) is None and gate.active == 4
+  assert len(b.take_unlogged()) == 2 and b.take_unlogged() == []
+
+
+def test_no_evidence_no_decision():
+  gate = ActorGate(2)
+  learner, controller = fake()
+  b = Balancer(gate, learner, controller, 0.5, 0.2, 1.0)
+  learner.timers.idle_s += 5.0
+  assert b.step(0.0) is None and gate.active == 2
+
+
+def test_gate_pauses_actors_above_active():
+  gate = ActorGate(3)
+  gate.set_active(1)
+  assert gate.wait_active(0, 0.01) and not gate.wait_active(2, 0.01)
+  woke = []
+  t = threading.Thread(target=lambda: woke.append(gate.wait_active(2, 5.0)))
+  t.start()
+  gate.set_active(3)
+  t.join(2.0)
+  assert woke == [True]
+
+
+def test_run_under_auto_balance_keeps_the_cap_and_logs_decisions(tmp_path):
+  config = small_config(num_actors=4, max_policy_lag=2, balance="auto", target_lag=0.2,
+                        balance_every_s=0.2, total_env_steps=8_000)
+  s = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True).run().summary
+  assert s["max_policy_lag_seen"] <= 2
+  assert s["balance_decisions"], "4 actors with K=2 should push the mean lag over 0.2"
+  assert all(d["reason"] for d in s["balance_decisions"])
+  assert any("fewer" in d["reason"] for d in s["balance_decisions"])
