@@ -120,7 +120,7 @@ def make_impala(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm
         lambda p: vtrace_loss(net, cfg, p, batch, axis_name), has_aux=True)(params)
     grads = jax.lax.psum(grads, axis_name)
     metrics = jax.tree.map(lambda m: jax.lax.psum(m, axis_name), metrics)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = optax.tree.norm(grads)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), metrics
 
