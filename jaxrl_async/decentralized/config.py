@@ -1,0 +1,164 @@
+"""The policy-evaluation run's configuration: one frozen dataclass, validated on construction.
+
+Field names are the flag names of `experiments/policy_evaluation.py`, which builds its flags from
+these fields (help text in `metadata["help"]`), so every message can name the flag:
+`--nodes=0: must be an integer >= 1`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxrl_async.decentralized.graphs import TOPOLOGIES
+from jaxrl_async.decentralized.problem import SPLITS
+from jaxrl_async.decentralized.schedule import DELAY_DISTS
+
+DATA = ("random_mdp", "mountain_car")
+MODES = ("async", "sync", "centralized")
+RUNTIMES = ("simulated", "processes")
+SAMPLINGS = ("uniform", "cyclic")
+DEFAULT_FEATURES = {"random_mdp": 20, "mountain_car": 300}
+
+
+class ConfigError(ValueError):
+  """A bad setting, reported as one line that names the flag, the value and what is allowed."""
+
+  def __init__(self, flag: str, value: Any, allowed: str):
+    self.flag, self.value, self.allowed = flag, value, allowed
+    super().__init__(f"--{flag}={value!r}: {allowed}")
+
+
+def _f(default: Any, help: str) -> Any:  # noqa: A002 - mirrors absl's argument name
+  return dataclasses.field(default=default, metadata={"help": help})
+
+
+def _is_int(v: Any) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+  return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyEvalConfig:
+  """Everything one run needs; derived values are properties."""
+
+  nodes: int = _f(4, "Number of nodes N.")
+  topology: str = _f("exponential", f"Directed graph: {', '.join(TOPOLOGIES)}.")
+  out_degree: int = _f(2, "Out-degree of each node for --topology=random.")
+  edges: str = _f("", "Directed edges for --topology=custom, as src-dst pairs: '0-1,1-2,2-0'.")
+  data: str = _f("random_mdp", f"Data source: {', '.join(DATA)}.")
+  split: str = _f("parallel", "parallel: the --samples transitions are divided among the nodes; "
+                  "multi_agent: every node holds them all, with its own local rewards.")
+  samples: int = _f(1600, "Transitions in total (parallel) or shared by all nodes (multi_agent).")
+  features: int = _f(0, "Feature dimension d; 0 means the data's default (random_mdp 20, "
+                     "mountain_car 300).")
+  states: int = _f(50, "States of the random MDP.")
+  gamma: float = _f(0.9, "Discount factor.")
+  rho: float = _f(0.01, "Ridge coefficient rho of the MSPBE.")
+  alpha: float = _f(20.0, "Primal step per pass over a node's rows (node i steps alpha / M_i).")
+  beta: float = _f(160.0, "Dual step per pass over a node's rows (node i steps beta / M_i).")
+  sampling: str = _f("uniform", "SAG row choice: uniform (SAG) or cyclic (IAG).")
+  mode: str = _f("async", f"Method: {', '.join(MODES)} (centralized: one node, all data).")
+  runtime: str = _f("simulated", f"Where nodes run: {', '.join(RUNTIMES)}.")
+  stragglers: int = _f(0, "How many nodes are slow (nodes 0..k-1).")
+  straggler_slowdown: float = _f(10.0, "How many times slower a straggler computes.")
+  compute_time: float = _f(1.0, "Simulated: mean time of one activation (virtual units).")
+  compute_jitter: float = _f(0.1, "Simulated: activation times uniform in mean * [1 -/+ this].")
+  delay: float = _f(0.2, "Simulated: mean link delay (virtual units).")
+  delay_dist: str = _f("uniform", f"Simulated: link delay law: {', '.join(DELAY_DISTS)}.")
+  drop_prob: float = _f(0.0, "Probability a message is lost (async only; the running sums of "
+                        "the push channel make later messages carry the lost mass).")
+  tol: float = _f(1e-10, "Stop when every node's ||theta_i - theta*|| / ||theta*|| is below this.")
+  max_updates: int = _f(20_000_000, "Budget: node activations k in total.")
+  max_time: float = _f(0.0, "Budget: virtual time (simulated); 0 means none.")
+  max_wall_s: float = _f(300.0, "Budget: wall-clock seconds of the run itself.")
+  seed: int = _f(0, "Seed of the data, graph, sampling and simulated timing.")
+  run_dir: str = _f("", "Where metrics.jsonl, summary.json and the plots go; empty: "
+                    "runs/policy_evaluation-<data>-<mode>-N<nodes>-<seed>.")
+
+  def __post_init__(self):
+    for name in ("nodes", "out_degree", "samples", "states", "max_updates"):
+      value = getattr(self, name)
+      if not (_is_int(value) and value >= 1):
+        raise ConfigError(name, value, "must be an integer >= 1")
+    for name in ("features", "stragglers", "seed"):
+      value = getattr(self, name)
+      if not (_is_int(value) and value >= 0):
+        raise ConfigError(name, value, "must be an integer >= 0")
+    self._choice("topology", TOPOLOGIES)
+    self._choice("data", DATA)
+    self._choice("split", SPLITS)
+    self._choice("sampling", SAMPLINGS)
+    self._choice("mode", MODES)
+    self._choice("runtime", RUNTIMES)
+    self._choice("delay_dist", DELAY_DISTS)
+    self._range("gamma", 0.0, 1.0, "must be in [0, 1)", hi_open=True)
+    self._range("drop_prob", 0.0, 1.0, "must be in [0, 1)", hi_open=True)
+    self._range("compute_jitter", 0.0, 1.0, "must be in [0, 1)", hi_open=True)
+    for name in ("rho", "alpha", "beta", "compute_time", "tol", "max_wall_s"):
+      value = getattr(self, name)
+      if not (_is_num(value) and value > 0):
+        raise ConfigError(name, value, "must be a number > 0")
+    for name in ("delay", "max_time"):
+      value = getattr(self, name)
+      if not (_is_num(value) and value >= 0):
+        raise ConfigError(name, value, "must be a number >= 0")
+    if not (_is_num(self.straggler_slowdown) and self.straggler_slowdown >= 1):
+      raise ConfigError("straggler_slowdown", self.straggler_slowdown, "must be a number >= 1")
+    if self.stragglers > self.nodes:
+      raise ConfigError("stragglers", self.stragglers,
+                        f"must be <= --nodes={self.nodes}")
+    if self.topology == "random" and self.nodes > 1 and not self.out_degree <= self.nodes - 1:
+      raise ConfigError("out_degree", self.out_degree,
+                        f"must be in [1, {self.nodes - 1}] for --nodes={self.nodes}")
+    if (self.topology == "custom") != bool(self.edges):
+      raise ConfigError("edges", self.edges, "must be given exactly when --topology=custom")
+    if self.split == "parallel" and self.nodes > self.samples:
+      raise ConfigError("nodes", self.nodes, f"larger than the data (--samples={self.samples}); "
+                        "with --split=parallel each node needs at least one transition")
+    if self.mode == "sync" and self.drop_prob > 0:
+      raise ConfigError("drop_prob", self.drop_prob,
+                        "must be 0 with --mode=sync (a synchronous round waits for every message)")
+    if self.mode == "centralized" and self.runtime == "processes":
+      raise ConfigError("runtime", self.runtime,
+                        "must be simulated with --mode=centralized (one node has no network)")
+    if self.runtime == "processes" and self.mode == "sync":
+      raise ConfigError("runtime", self.runtime,
+                        "processes runs --mode=async only; the sync baseline is simulated")
+    if self.runtime == "processes" and self.drop_prob > 0:
+      raise ConfigError("drop_prob", self.drop_prob,
+                        "must be 0 with --runtime=processes (real links are not lossy here)")
+    if self.data == "mountain_car" and self.features not in (0, 300):
+      raise ConfigError("features", self.features,
+                        "must be 300 (or 0) with --data=mountain_car: 15 x 20 RBF grid")
+
+  def _choice(self, name: str, allowed: tuple[str, ...]) -> None:
+    value = getattr(self, name)
+    if value not in allowed:
+      raise ConfigError(name, value, f"must be one of {', '.join(allowed)}")
+
+  def _range(self, name: str, lo: float, hi: float, allowed: str, hi_open: bool) -> None:
+    value = getattr(self, name)
+    ok = _is_num(value) and lo <= value and (value < hi if hi_open else value <= hi)
+    if not ok:
+      raise ConfigError(name, value, allowed)
+
+  @property
+  def dim(self) -> int:
+    return self.features or DEFAULT_FEATURES[self.data]
+
+  @property
+  def slowdowns(self) -> tuple[float, ...]:
+    """Per-node compute-time factors: the first `stragglers` nodes are slow."""
+    return tuple(float(self.straggler_slowdown) if i < self.stragglers else 1.0
+                 for i in range(self.nodes))
+
+  @staticmethod
+  def flag_fields() -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(PolicyEvalConfig)}
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)

@@ -1,0 +1,128 @@
+"""A run from a `PolicyEvalConfig`: build the problem, graph and timing, run, write the results.
+
+Shared by `experiments/policy_evaluation.py` and the benchmark suite, so both measure the same
+thing. Outputs in the run directory: `metrics.jsonl` (one record per progress snapshot),
+`summary.json` (headline numbers plus the resolved config) and two PNGs of every node's
+||theta_i - theta*|| / ||theta*||, against updates k and against (virtual or wall) time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxrl_async.decentralized import graphs
+from jaxrl_async.decentralized import problem as problem_lib
+from jaxrl_async.decentralized.config import PolicyEvalConfig
+from jaxrl_async.decentralized.schedule import Timing
+from jaxrl_async.decentralized.simulator import RunResult, fit_rate
+
+
+def make_problem(config: PolicyEvalConfig) -> problem_lib.Problem:
+  if config.data == "mountain_car":
+    from jaxrl_async.decentralized.mountain_car import mountain_car  # imports EnvPool
+
+    return mountain_car(config.seed, config.nodes, config.samples, config.gamma, config.rho,
+                        config.split)
+  return problem_lib.random_mdp(config.seed, config.nodes, config.samples, config.dim,
+                                config.states, config.gamma, config.rho, config.split)
+
+
+def make_graph(config: PolicyEvalConfig) -> graphs.Graph:
+  return graphs.make(config.topology, config.nodes, config.out_degree, config.seed,
+                     config.edges)
+
+
+def make_timing(config: PolicyEvalConfig) -> Timing:
+  return Timing(config.compute_time, config.compute_jitter, config.slowdowns, config.delay,
+                config.delay_dist, config.drop_prob, config.seed)
+
+
+def run(config: PolicyEvalConfig, problem: problem_lib.Problem | None = None,
+        on_record: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+  """Run `config` to its tolerance or budget (raises simulator.DivergenceError on blow-up)."""
+  problem = make_problem(config) if problem is None else problem
+  graph = make_graph(config) if config.mode != "centralized" else None
+  if config.runtime == "processes":
+    from jaxrl_async.decentralized.processes import run_processes
+
+    return run_processes(problem, graph, config.alpha, config.beta, config.sampling,
+                         config.seed, config.tol, config.max_wall_s, config.slowdowns,
+                         on_record=on_record)
+  from jaxrl_async.decentralized import simulator
+
+  sim = simulator.build(problem, graph, config.mode, make_timing(config), config.alpha,
+                        config.beta, config.sampling, config.seed)
+  return simulator.run(sim, config.tol, config.max_updates, config.max_time or math.inf,
+                       config.max_wall_s, on_record=on_record)
+
+
+def summary(config: PolicyEvalConfig, result: RunResult) -> dict[str, Any]:
+  """The headline numbers of a run, JSON-ready."""
+  clock = "wall_s" if config.runtime == "processes" else "virtual_time"
+  out = {
+      "final_rel_error": result.final_rel_error,
+      "node_rel_errors": [float(e) for e in result.node_err[-1]],
+      "updates": int(result.updates),
+      clock: float(result.elapsed),
+      "host_wall_s": float(result.wall_s),
+      "rate_c": fit_rate(result.k, result.worst),
+      "consensus_error": result.consensus_error,
+      "stopped": result.stopped,
+      "time_to": {f"{t:g}": result.time_to(t) for t in sorted(result.crossings, reverse=True)},
+      "updates_to": {f"{t:g}": result.updates_to(t)
+                     for t in sorted(result.crossings, reverse=True)},
+      "theta_star_norm": float(np.linalg.norm(result.theta_star)),
+      "config": config.to_dict(),
+  }
+  out.update({k: v for k, v in result.extra.items() if isinstance(v, int | float | list)})
+  return out
+
+
+def plot(result: RunResult, out_dir: Path, title: str, time_label: str = "virtual time"
+         ) -> list[Path]:
+  """errors_vs_k.png and errors_vs_time.png: every node's relative error, log scale."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  paths = []
+  for name, x_nodes, x_worst, label in (
+      ("errors_vs_k.png", result.node_k, result.k, "updates k (all nodes)"),
+      ("errors_vs_time.png", result.node_time, result.time, time_label)):
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for i in range(result.node_err.shape[1]):
+      ax.semilogy(x_nodes, result.node_err[:, i], lw=0.8, alpha=0.6,
+                  label=f"node {i}" if result.node_err.shape[1] <= 8 else None)
+    ax.semilogy(x_worst, result.worst, "k--", lw=1.0, label="worst node")
+    ax.set_xlabel(label)
+    ax.set_ylabel("||theta_i - theta*|| / ||theta*||")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / name, dpi=110)
+    plt.close(fig)
+    paths.append(out_dir / name)
+  return paths
+
+
+class MetricsWriter:
+  """Appends one JSON object per record to metrics.jsonl."""
+
+  def __init__(self, path: Path):
+    self.path = path
+    self._file = path.open("w")
+
+  def __call__(self, record: dict[str, Any]) -> None:
+    self._file.write(json.dumps(record) + "\n")
+    self._file.flush()
+
+  def close(self) -> None:
+    self._file.close()

@@ -1,0 +1,332 @@
+"""The event-driven simulated network: replays a schedule through the node update.
+
+`schedule.py` draws the events (who activates when, which message each reads); here their
+values are computed in that order by `node.node_update`, the same function the multi-process
+runtime jits. A chunk of L events is one `lax.scan` (one compile per problem shape): event k of
+node i gathers its inbox from a ring buffer of the last H outboxes (H bounds how many events a
+message can be in flight, so no message is overwritten before it is read), runs the update,
+and writes its outbox to slot k mod H. The worst node's relative error after every event comes
+back, so crossings of a tolerance are exact to one event.
+
+Deterministic: same problem, graph, timing and seed give bit-identical runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_async.decentralized import node as node_lib
+from jaxrl_async.decentralized.graphs import Graph
+from jaxrl_async.decentralized.problem import Problem, relative_errors
+from jaxrl_async.decentralized.schedule import (
+  AsyncSchedule,
+  CentralSchedule,
+  Chunk,
+  SyncSchedule,
+  Timing,
+)
+
+MODES = ("async", "sync", "centralized")
+
+
+class DivergenceError(RuntimeError):
+  """The iterates blew up: the step sizes are too large for this problem and network."""
+
+
+class Ring(NamedTuple):
+  """The last H outboxes. theta: [H, d]; sigma: [H, D_out, d]; stamp: [H]."""
+
+  theta: jax.Array
+  sigma: jax.Array
+  stamp: jax.Array
+
+
+class Carry(NamedTuple):
+  states: node_lib.NodeState  # stacked [N, ...]
+  ring: Ring
+  last_err: jax.Array  # [N] each node's relative error after its latest activation
+
+
+@dataclasses.dataclass
+class RunResult:
+  """What a run leaves behind.
+
+  Attributes:
+    k, time, worst: [R] the error curve: events so far, virtual time (or wall seconds for the
+      process runtime), worst node's relative error; every `record_every` events and per chunk.
+    node_k, node_time: [S] the snapshots (once per chunk and at the end); node_err: [S, N]
+      every node's relative error there; consensus: [S] max_i ||theta_i - mean|| / ||theta*||.
+    theta: [N, d] final iterates. theta_star: [d].
+    crossings: {tol: (k, time)} the event at which the worst error first fell below tol.
+    updates, elapsed: totals at the end (events, virtual time). wall_s: host seconds spent.
+    stopped: why the run ended ('tol', 'max_updates', 'max_time', 'wall').
+  """
+
+  k: np.ndarray
+  time: np.ndarray
+  worst: np.ndarray
+  node_k: np.ndarray
+  node_time: np.ndarray
+  node_err: np.ndarray
+  consensus: np.ndarray
+  theta: np.ndarray
+  theta_star: np.ndarray
+  crossings: dict[float, tuple[int, float]]
+  updates: int
+  elapsed: float
+  wall_s: float
+  stopped: str
+  extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  @property
+  def final_rel_error(self) -> float:
+    return float(self.node_err[-1].max())
+
+  @property
+  def consensus_error(self) -> float:
+    return float(self.consensus[-1])
+
+  def time_to(self, tol: float) -> float | None:
+    hit = self.crossings.get(tol)
+    return None if hit is None else hit[1]
+
+  def updates_to(self, tol: float) -> int | None:
+    hit = self.crossings.get(tol)
+    return None if hit is None else hit[0]
+
+
+def fit_rate(k: np.ndarray, err: np.ndarray, hi: float = 1e-2, lo: float = 1e-12) -> float:
+  """c in err ~ C c^k, least squares on log(err) over the records with lo < err < hi.
+
+  Restricting to that band drops the transient before the linear regime and the float64
+  rounding floor after it. NaN when fewer than 3 records fall in the band.
+  """
+  k, err = np.asarray(k, np.float64), np.asarray(err, np.float64)
+  band = (err < hi) & (err > lo) & np.isfinite(err)
+  if band.sum() < 3:
+    return math.nan
+  slope = np.polyfit(k[band], np.log(err[band]), 1)[0]
+  return float(np.exp(slope))
+
+
+def _take(tree: Any, i: jax.Array, skip: tuple[str, ...]) -> Any:
+  """Node i's slice of every field of a stacked NamedTuple except those in `skip`."""
+  return tree._replace(**{f: jax.lax.dynamic_index_in_dim(getattr(tree, f), i, keepdims=False)
+                          for f in tree._fields if f not in skip})
+
+
+def _put(tree: Any, new: Any, i: jax.Array, skip: tuple[str, ...]) -> Any:
+  """`tree` with node i's slice of every field but `skip` replaced by `new`'s."""
+  # NOTE: dynamic_update_slice, not .at[i].set, whose bounds handling adds a select per field.
+  return tree._replace(**{
+      f: jax.lax.dynamic_update_index_in_dim(getattr(tree, f), getattr(new, f), i, 0)
+      for f in tree._fields if f not in skip})
+
+
+def _event(consts: node_lib.NodeConst, in_to_out: jax.Array, theta_star: jax.Array,
+           carry: Carry, ev: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[Carry, jax.Array]:
+  """One event: node i reads its inbox from the ring, updates, writes its outbox.
+
+  The row fields of `consts` and the states' table are flat [N * M, ...]; node i looks into
+  them from row i * M on (NodeConst.row0). Slicing its [M, 2] table out and writing it back
+  would copy the whole stacked table twice per event, which dominated the time at large M.
+  """
+  i, k, src = ev
+  h = carry.ring.stamp.shape[0]
+  rows = consts.phi.shape[0] // consts.count.shape[0]
+  valid = src >= 0
+  slot = jnp.where(valid, src % h, 0)
+  inbox = node_lib.Inbox(theta=carry.ring.theta[slot],
+                         sigma=carry.ring.sigma[slot, in_to_out[i]],
+                         stamp=jnp.where(valid, carry.ring.stamp[slot], -1))
+  const_i = _take(consts, i, node_lib.ROW_FIELDS)._replace(row0=i * rows)
+  state_i = _take(carry.states, i, ("table",))
+  new_state, out = node_lib.node_update(const_i, state_i, inbox)
+  states = _put(carry.states, new_state, i, ("table",))._replace(table=new_state.table)
+  at = k % h
+  ring = Ring(carry.ring.theta.at[at].set(out.theta), carry.ring.sigma.at[at].set(out.sigma),
+              carry.ring.stamp.at[at].set(out.stamp))
+  err = jnp.linalg.norm(new_state.theta - theta_star) / jnp.linalg.norm(theta_star)
+  last_err = carry.last_err.at[i].set(err)
+  return Carry(states, ring, last_err), jnp.max(last_err)
+
+
+# NOTE: without region analysis, XLA:CPU's copy insertion copies the whole SAG table twice per
+# loop iteration (a read and an in-place update of one row in the same while body); with it,
+# the row update is in place. Per-compile option, so nothing global changes.
+@functools.partial(jax.jit,
+                   compiler_options={"xla_cpu_copy_insertion_use_region_analysis": True})
+def _replay(consts: node_lib.NodeConst, in_to_out: jax.Array, theta_star: jax.Array,
+            carry: Carry, node: jax.Array, k: jax.Array, src: jax.Array
+            ) -> tuple[Carry, jax.Array]:
+  """A chunk of events: one scan. Returns the carry and the worst error after each event [L]."""
+  step = functools.partial(_event, consts, in_to_out, theta_star)
+  return jax.lax.scan(step, carry, (node, k, src))
+
+
+class Simulation:
+  """A network (or the centralised node) stepped chunk by chunk; also usable for inspection.
+
+  Args:
+    consts: stacked [N, ...] node constants (`node.network_consts` or `centralized_const`).
+    graph: the network (None for the centralised node).
+    schedule: an `AsyncSchedule`, `SyncSchedule` or `CentralSchedule`.
+    theta_star: [d].
+  """
+
+  def __init__(self, consts: node_lib.NodeConst, graph: Graph | None, schedule: Any,
+               theta_star: np.ndarray):
+    self.schedule, self.graph = schedule, graph
+    n = np.shape(consts.count)[0]
+    d_out = np.shape(consts.push_out)[-1]
+    d = np.shape(consts.phi)[-1]
+    h = schedule.ring_size
+    in_to_out = (graph.slot_tables()["in_to_out_slot"] if graph is not None
+                 else np.zeros((1, 1), np.int64))
+    init = node_lib.init_state(consts)
+    self._rows = np.shape(consts.phi)[1]
+    flat = lambda x: np.reshape(x, (-1,) + np.shape(x)[2:])
+    consts = consts._replace(**{f: flat(getattr(consts, f)) for f in node_lib.ROW_FIELDS})
+    init = init._replace(table=flat(init.table))
+    with jax.enable_x64(True):
+      self._consts = jax.tree.map(jnp.asarray, consts)
+      self._in_to_out = jnp.asarray(in_to_out)
+      self._theta_star = jnp.asarray(theta_star, jnp.float64)
+      self.carry = Carry(jax.tree.map(jnp.asarray, init),
+                         Ring(jnp.zeros((h, d)), jnp.zeros((h, d_out, d)),
+                              jnp.zeros(h, jnp.int64)),
+                         jnp.asarray(relative_errors(init.theta, theta_star)))
+    self.theta_star = np.asarray(theta_star)
+    self.n = n
+    self.k = 0
+    self.clock = 0.0
+
+  def run_chunk(self) -> tuple[Chunk, np.ndarray]:
+    """Draw and replay the next chunk; returns it with the worst error after each event."""
+    chunk = self.schedule.next_chunk()
+    with jax.enable_x64(True):
+      self.carry, worst = _replay(self._consts, self._in_to_out, self._theta_star, self.carry,
+                                  jnp.asarray(chunk.node), jnp.asarray(chunk.k),
+                                  jnp.asarray(chunk.src))
+      worst = np.asarray(worst)
+    self.k = int(chunk.k[-1]) + 1
+    self.clock = max(self.clock, float(chunk.done.max()))
+    return chunk, worst
+
+  def states(self) -> node_lib.NodeState:
+    """Stacked [N, ...] node states (numpy), the table back in [N, M, 2] form."""
+    states = jax.tree.map(np.asarray, self.carry.states)
+    return states._replace(table=states.table.reshape(self.n, self._rows, 2))
+
+  def consts(self) -> node_lib.NodeConst:
+    """Stacked [N, ...] node constants (numpy), row fields back in [N, M, ...] form."""
+    consts = jax.tree.map(np.asarray, self._consts)
+    return consts._replace(**{f: getattr(consts, f).reshape((self.n, self._rows)
+                                                              + getattr(consts, f).shape[1:])
+                              for f in node_lib.ROW_FIELDS})
+
+  def theta(self) -> np.ndarray:
+    return np.asarray(self.carry.states.theta)
+
+
+def build(problem: Problem, graph: Graph | None, mode: str, timing: Timing, alpha: float,
+          beta: float, sampling: str = "uniform", seed: int = 0, chunk: int = 4096
+          ) -> Simulation:
+  """A `Simulation` of `mode` ('async', 'sync' or 'centralized') on this problem."""
+  theta_star = problem.theta_star()
+  if mode == "centralized":
+    consts = node_lib.centralized_const(problem, alpha, beta, sampling, seed)
+    return Simulation(consts, None, CentralSchedule(timing, chunk), theta_star)
+  consts = node_lib.network_consts(problem, graph, alpha, beta, sampling, seed)
+  if mode == "async":
+    return Simulation(consts, graph, AsyncSchedule(graph, timing, chunk), theta_star)
+  if mode == "sync":
+    return Simulation(consts, graph, SyncSchedule(graph, timing, chunk), theta_star)
+  raise ValueError(f"--mode={mode!r}: must be one of {', '.join(MODES)}")
+
+
+def run(sim: Simulation, tol: float = 1e-10, max_updates: int = 10_000_000,
+        max_time: float = math.inf, max_wall_s: float = math.inf, record_every: int = 0,
+        milestones: tuple[float, ...] = (1e-4, 1e-6, 1e-8, 1e-10), divergence: float = 1e6,
+        on_record: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+  """Run until the worst node's relative error is below `tol` or a budget is spent.
+
+  Args:
+    sim: from `build`.
+    tol: stop once every node's relative error is below it (checked per event).
+    max_updates, max_time, max_wall_s: budgets in events, virtual time, host seconds (checked
+      per chunk, so a run may overshoot by under one chunk).
+    record_every: events between curve records; 0 means once per chunk.
+    milestones: tolerances whose first crossing (event, virtual time) is reported.
+    divergence: the run fails when the worst error exceeds this multiple of its start.
+    on_record: called with each record (a dict), e.g. to print progress or append JSONL.
+
+  Raises:
+    DivergenceError: non-finite iterates or error growth past `divergence`, naming the
+      step-size flags.
+  """
+  t0 = time.perf_counter()
+  curve: list[tuple[int, float, float]] = []
+  snaps: list[tuple[int, float, np.ndarray, float]] = []
+  crossings: dict[float, tuple[int, float]] = {}
+  start_err = float(np.max(relative_errors(sim.theta(), sim.theta_star)))
+  wanted = sorted(set(milestones) | {tol}, reverse=True)
+  stopped = "max_updates"
+
+  def snapshot() -> None:
+    theta = sim.theta()
+    errs = relative_errors(theta, sim.theta_star)
+    cons = float(np.max(np.linalg.norm(theta - theta.mean(0), axis=1))
+                 / np.linalg.norm(sim.theta_star))
+    snaps.append((sim.k, sim.clock, errs, cons))
+    curve.append((sim.k, sim.clock, float(errs.max())))
+    if on_record is not None:
+      on_record({"k": sim.k, "time": sim.clock, "worst_rel_error": float(errs.max()),
+                 "consensus_error": cons, "wall_s": time.perf_counter() - t0})
+
+  snapshot()
+  while True:
+    chunk, worst = sim.run_chunk()
+    clock_at = np.maximum.accumulate(np.maximum(chunk.done, snaps[-1][1]))
+    for t in wanted:
+      hit = np.flatnonzero(worst < t)
+      if t not in crossings and hit.size:
+        crossings[t] = (int(chunk.k[hit[0]]) + 1, float(clock_at[hit[0]]))
+    if record_every:
+      pos = np.flatnonzero((chunk.k + 1) % record_every == 0)
+      curve += [(int(chunk.k[p]) + 1, float(clock_at[p]), float(worst[p])) for p in pos]
+    snapshot()
+    if not np.all(np.isfinite(worst)) or worst.max() > divergence * max(start_err, 1e-300):
+      raise DivergenceError(
+          f"diverged after {sim.k} updates (worst relative error {worst.max():.3g}, started at "
+          f"{start_err:.3g}): the step sizes are too large for this problem and network; "
+          "lower --alpha and/or --beta")
+    if tol in crossings:
+      stopped = "tol"
+      break
+    if sim.k >= max_updates:
+      break
+    if sim.clock >= max_time:
+      stopped = "max_time"
+      break
+    if time.perf_counter() - t0 >= max_wall_s:
+      stopped = "wall"
+      break
+
+  curve.sort()
+  return RunResult(
+      k=np.array([c[0] for c in curve]), time=np.array([c[1] for c in curve]),
+      worst=np.array([c[2] for c in curve]),
+      node_k=np.array([s[0] for s in snaps]), node_time=np.array([s[1] for s in snaps]),
+      node_err=np.stack([s[2] for s in snaps]), consensus=np.array([s[3] for s in snaps]),
+      theta=sim.theta(), theta_star=sim.theta_star, crossings=crossings, updates=sim.k,
+      elapsed=sim.clock, wall_s=time.perf_counter() - t0, stopped=stopped)

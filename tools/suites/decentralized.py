@@ -1,0 +1,226 @@
+"""Decentralized policy evaluation: exactness and rate, speed-up, stragglers, real processes.
+
+    python -m tools.benchmark decentralized [--quick] [--tiny]
+
+Tables (rows are JSON objects with a `table` key):
+  rate       the default problem run to 1e-10 by async, sync and centralized: final worst-node
+             relative error, fitted c (error ~ c^k), consensus error, distance between methods.
+  speedup    virtual time to relative error 1e-6 for N = 1, 2, 4, 8, 16 on the same data split
+             N ways (random MDP, d = 20, exponential graph); primal step alpha in {20, 40} per
+             pass (beta = 160): each N's best, and parallel efficiency T(1) / (N T(N)).
+  stragglers N = 8, node 0 ten times slower: time to 1e-6 of async (alpha 20 and 40) and sync
+             push-pull (alpha 20), with and without the straggler, and the growth factor.
+  processes  the real runtime (one OS process per node, ZeroMQ) with 2 and 4 nodes: wall time
+             to 1e-6 and the distance to the simulator's theta*.
+Virtual time is deterministic; wall times depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tools.bench_common import Progress, SuiteResult, md_table
+
+SIZES = {  # total samples of the speed-up / straggler problems, and the real-runtime problem
+    "full": {"speedup_samples": 12800, "straggler_samples": 3200, "rate_samples": 1600,
+             "process_samples": 1600, "nodes": (1, 2, 4, 8, 16), "process_nodes": (2, 4)},
+    "quick": {"speedup_samples": 2400, "straggler_samples": 1200, "rate_samples": 800,
+              "process_samples": 800, "nodes": (1, 2, 4, 8, 16), "process_nodes": (2, 4)},
+    "tiny": {"speedup_samples": 400, "straggler_samples": 800, "rate_samples": 240,
+             "process_samples": 200, "nodes": (1, 2, 4), "process_nodes": (2,)},
+}
+ALPHAS = (20.0, 40.0)
+BETA = 160.0
+STRAGGLER_NODES, SLOWDOWN = 8, 10.0
+
+
+def _problem(samples: int, nodes: int, features: int = 20):
+  from jaxrl_async.decentralized.problem import random_mdp
+
+  return random_mdp(0, nodes, samples, features, states=50 if features == 20 else 20)
+
+
+def _simulate(problem, nodes: int, mode: str, alpha: float, tol: float, slowdown=(),
+              max_time: float = math.inf, max_updates: int = 30_000_000):
+  from jaxrl_async.decentralized import graphs, simulator
+  from jaxrl_async.decentralized.schedule import Timing
+
+  graph = graphs.exponential(nodes) if mode != "centralized" else None
+  sim = simulator.build(problem, graph, mode, Timing(slowdown=slowdown), alpha, BETA)
+  return simulator.run(sim, tol=tol, max_updates=max_updates, max_time=max_time)
+
+
+def rate_rows(size: dict[str, Any], out_dir: Path, progress: Progress) -> tuple[list, list]:
+  from jaxrl_async.decentralized.experiment import plot
+  from jaxrl_async.decentralized.simulator import fit_rate
+
+  problem = _problem(size["rate_samples"], 4, 20 if size["rate_samples"] >= 800 else 8)
+  rows, plots, thetas = [], [], {}
+  for mode in ("async", "sync", "centralized"):
+    r = _simulate(problem, 4, mode, ALPHAS[0], 1e-10)
+    thetas[mode] = r.theta.mean(axis=0)
+    rows.append({"table": "rate", "mode": mode, "nodes": 4 if mode != "centralized" else 1,
+                 "problem": problem.name, "final_rel_error": r.final_rel_error,
+                 "updates": r.updates, "virtual_time": r.elapsed, "rate_c": fit_rate(r.k, r.worst),
+                 "one_minus_c": 1.0 - fit_rate(r.k, r.worst),
+                 "consensus_error": r.consensus_error, "time_to_1e-6": r.time_to(1e-6),
+                 "host_wall_s": r.wall_s})
+    if mode == "async":
+      sub = out_dir / "rate_async"
+      sub.mkdir(parents=True, exist_ok=True)
+      plots += [str(p.relative_to(out_dir)) for p in
+                plot(r, sub, f"{problem.name}\nasync, exponential, N=4")]
+    progress.step(f"rate {mode}: final {r.final_rel_error:.2e} c={rows[-1]['rate_c']:.8f}")
+  norm = np.linalg.norm(problem.theta_star())
+  for row in rows:
+    row["rel_dist_to_async"] = float(np.linalg.norm(thetas[row["mode"]] - thetas["async"]) / norm)
+  return rows, plots
+
+
+def speedup_rows(size: dict[str, Any], progress: Progress) -> list[dict[str, Any]]:
+  rows = []
+  for n in size["nodes"]:
+    problem = _problem(size["speedup_samples"], n)
+    row: dict[str, Any] = {"table": "speedup", "nodes": n, "rows_per_node": int(problem.count[0])}
+    for alpha in ALPHAS:
+      key = f"T_alpha{alpha:g}"
+      cap = 3.0 * row.get(f"T_alpha{ALPHAS[0]:g}") if row.get(f"T_alpha{ALPHAS[0]:g}") else math.inf
+      try:
+        r = _simulate(problem, n, "async", alpha, 1e-6, max_time=cap)
+        row[key], row[f"k_alpha{alpha:g}"] = r.time_to(1e-6), r.updates_to(1e-6)
+      except Exception as e:  # noqa: BLE001 - a diverging step is a result, not a crash
+        row[key] = None
+        row[f"note_alpha{alpha:g}"] = type(e).__name__
+      progress.step(f"speedup N={n} alpha={alpha:g}: T={row[key]}")
+    times = {a: row[f"T_alpha{a:g}"] for a in ALPHAS if row.get(f"T_alpha{a:g}")}
+    if times:
+      best = min(times, key=times.get)
+      row["alpha_best"], row["T_best"] = best, times[best]
+    else:
+      row["error"] = "no step size reached 1e-6"
+    rows.append(row)
+  t1_best = rows[0].get("T_best")
+  t1_20 = rows[0].get(f"T_alpha{ALPHAS[0]:g}")
+  for row in rows:
+    n = row["nodes"]
+    if t1_best and row.get("T_best"):
+      row["efficiency_best"] = t1_best / (n * row["T_best"])
+      row["speedup_best"] = t1_best / row["T_best"]
+    if t1_20 and row.get(f"T_alpha{ALPHAS[0]:g}"):
+      row["efficiency_alpha20"] = t1_20 / (n * row[f"T_alpha{ALPHAS[0]:g}"])
+  return rows
+
+
+def straggler_rows(size: dict[str, Any], progress: Progress) -> list[dict[str, Any]]:
+  n = STRAGGLER_NODES
+  problem = _problem(size["straggler_samples"], n)
+  rows = []
+  for mode, alpha in (("async", ALPHAS[0]), ("async", ALPHAS[1]), ("sync", ALPHAS[0])):
+    row: dict[str, Any] = {"table": "stragglers", "mode": mode, "nodes": n,
+                           "slowdown": SLOWDOWN, "alpha": alpha,
+                           "rows_per_node": int(problem.count[0])}
+    for label, slow in (("T_no_straggler", ()), ("T_one_straggler",
+                                                 (SLOWDOWN,) + (1.0,) * (n - 1))):
+      try:
+        r = _simulate(problem, n, mode, alpha, 1e-6, slowdown=slow)
+        row[label] = r.time_to(1e-6)
+      except Exception as e:  # noqa: BLE001 - a diverging step is a result, not a crash
+        row[label], row["note"] = None, type(e).__name__
+      progress.step(f"stragglers {mode} alpha={alpha:g} {label}: {row[label]}")
+    if row["T_no_straggler"] and row["T_one_straggler"]:
+      row["growth"] = row["T_one_straggler"] / row["T_no_straggler"]
+    else:
+      row["error"] = "did not reach 1e-6"
+    rows.append(row)
+  return rows
+
+
+def process_rows(size: dict[str, Any], progress: Progress) -> list[dict[str, Any]]:
+  from jaxrl_async.decentralized import graphs
+  from jaxrl_async.decentralized.processes import run_processes
+
+  rows = []
+  for n in size["process_nodes"]:
+    problem = _problem(size["process_samples"], n)
+    row: dict[str, Any] = {"table": "processes", "nodes": n, "problem": problem.name}
+    try:
+      r = run_processes(problem, graphs.exponential(n), ALPHAS[0], BETA, tol=1e-6,
+                        max_wall_s=240.0)
+      theta_star = problem.theta_star()
+      row.update({"stopped": r.stopped, "final_rel_error": r.final_rel_error,
+                  "wall_s_to_1e-6": r.time_to(1e-6), "updates": r.updates,
+                  "updates_per_s": r.updates / max(r.wall_s, 1e-9),
+                  "dropped_sends": r.extra.get("dropped_sends"),
+                  "max_rel_dist_to_theta_star": float(np.max(
+                      np.linalg.norm(r.theta - theta_star, axis=1)) / np.linalg.norm(theta_star))})
+      if r.stopped != "tol":
+        row["error"] = f"stopped by {r.stopped} at {r.final_rel_error:.2e}"
+    except Exception as e:  # noqa: BLE001 - record and go on to the next row
+      row["error"] = f"{type(e).__name__}: {e}"[:500]
+      traceback.print_exc()
+    rows.append(row)
+    progress.step(f"processes N={n}: {row.get('wall_s_to_1e-6')} s")
+  return rows
+
+
+def plot_speedup(rows: list[dict[str, Any]], out_dir: Path) -> str:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(5.4, 3.8))
+  ns = [r["nodes"] for r in rows]
+  for key, label in ((f"T_alpha{ALPHAS[0]:g}", f"alpha={ALPHAS[0]:g}"),
+                     (f"T_alpha{ALPHAS[1]:g}", f"alpha={ALPHAS[1]:g}"), ("T_best", "best")):
+    pts = [(r["nodes"], r[key]) for r in rows if r.get(key)]
+    if pts:
+      ax.loglog(*zip(*pts, strict=True), "o-", label=label)
+  if rows[0].get("T_best"):
+    ax.loglog(ns, [rows[0]["T_best"] / n for n in ns], "k:", label="ideal T(1)/N")
+  ax.set_xlabel("nodes N (same total data)")
+  ax.set_ylabel("virtual time to 1e-6")
+  ax.legend(fontsize=8)
+  ax.grid(True, which="both", alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(out_dir / "speedup.png", dpi=110)
+  plt.close(fig)
+  return "speedup.png"
+
+
+def run(out_dir: Path, quick: bool, tiny: bool = False) -> SuiteResult:
+  out_dir.mkdir(parents=True, exist_ok=True)
+  size = SIZES["tiny" if tiny else "quick" if quick else "full"]
+  steps = 3 + 2 * len(size["nodes"]) + 6 + len(size["process_nodes"])
+  progress = Progress(steps, "decentralized")
+  rate, plots = rate_rows(size, out_dir, progress)
+  speed = speedup_rows(size, progress)
+  plots.append(plot_speedup(speed, out_dir))
+  strag = straggler_rows(size, progress)
+  procs = process_rows(size, progress)
+  tables = (
+      "## Exactness and rate (random MDP, N = 4, exponential graph, to 1e-10)\n\n"
+      + md_table(rate, ["mode", "nodes", "final_rel_error", "one_minus_c", "consensus_error",
+                        "updates", "virtual_time", "rel_dist_to_async"])
+      + f"\n## Speed-up: virtual time to 1e-6, {size['speedup_samples']} samples split N ways "
+      f"(beta = {BETA:g})\n\n"
+      + md_table(speed, ["nodes", "rows_per_node", f"T_alpha{ALPHAS[0]:g}",
+                         f"T_alpha{ALPHAS[1]:g}", "alpha_best", "T_best", "speedup_best",
+                         "efficiency_best", "efficiency_alpha20"])
+      + f"\n## Stragglers: N = {STRAGGLER_NODES}, node 0 {SLOWDOWN:g}x slower, "
+      f"{size['straggler_samples']} samples, virtual time to 1e-6\n\n"
+      + md_table(strag, ["mode", "alpha", "rows_per_node", "T_no_straggler", "T_one_straggler",
+                         "growth"])
+      + "\n## Real processes (ZeroMQ, one OS process per node), wall time to 1e-6\n\n"
+      + md_table(procs, ["nodes", "problem", "wall_s_to_1e-6", "updates", "updates_per_s",
+                         "final_rel_error", "max_rel_dist_to_theta_star", "dropped_sends",
+                         "error"]))
+  return SuiteResult(rows=rate + speed + strag + procs, tables_md=tables,
+                     config={"sizes": size, "alphas": ALPHAS, "beta": BETA,
+                             "straggler_nodes": STRAGGLER_NODES, "slowdown": SLOWDOWN},
+                     plots=plots)
