@@ -52,6 +52,14 @@ def main(argv: list[str]) -> int:
     from jaxrl_async.runtime import setup  # imports JAX; after the cheap checks
 
     setup.configure_jax(config)
+    if config.distributed.enabled:  # joins the cluster: before anything touches a device
+      from jaxrl_async.runtime import distributed
+
+      try:
+        distributed.initialize(config.distributed)
+      except distributed.ClusterError as e:
+        print(f"train: {e}", file=sys.stderr)
+        return 1
     from jaxrl_async.metrics import wall_s
     from jaxrl_async.runtime.trainer import Trainer, validate
 
@@ -60,17 +68,36 @@ def main(argv: list[str]) -> int:
     spec = validate(config, run_dir)
   except ConfigError as e:
     print(f"train: {e}", file=sys.stderr)
+    _leave_cluster_now(2, "bad configuration")
     return 2
   if not config.run.run_dir:
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, run_dir=str(run_dir)))
-  trainer = Trainer(config, spec, run_dir, quiet=_QUIET.value, timings=timings)
-  install_signal_handlers(trainer)
-  result = trainer.run()
+  try:
+    trainer = Trainer(config, spec, run_dir, quiet=_QUIET.value, timings=timings)
+    install_signal_handlers(trainer)
+    result = trainer.run()
+  except BaseException as e:
+    if config.distributed.enabled:
+      import traceback
+
+      traceback.print_exc()
+      _leave_cluster_now(1, distributed.describe_failure(e, config.distributed))
+    raise
+  if config.distributed.enabled:
+    distributed.mark_done()
   s = result.summary
   print(f"done: {s['stop_reason']} solved={s['solved']} solved_wall_s={s['solved_wall_s']} "
         f"solved_env_steps={s['solved_env_steps']} return_mean={s['final_return_mean']} "
         f"env_steps={s['env_steps']} wall_s={s['wall_s']:.1f} -> {run_dir}/summary.json")
   return 0
+
+
+def _leave_cluster_now(status: int, why: str) -> None:
+  """In a multi-process run, exits at once: JAX's shutdown barrier would wait for peers that
+  wait for this process in a collective. Does nothing before the cluster was joined."""
+  distributed = sys.modules.get("jaxrl_async.runtime.distributed")
+  if distributed is not None and distributed.joined():
+    distributed.exit_now(status, why)
 
 
 def install_signal_handlers(trainer) -> None:

@@ -159,7 +159,7 @@ class NetworkConfig:
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
   algo: str = _f("impala", "Algorithm: impala, ppo or dqn.")
-  learner_devices: int = _f(1, "Devices in the data-parallel learner mesh.")
+  learner_devices: int = _f(1, "Devices in the data-parallel learner mesh, per host (process).")
 
   def __post_init__(self):
     _check(self.algo in ALGO_CONFIGS, "algo", self.algo,
@@ -205,9 +205,12 @@ class PPOConfig:
   clip_value: bool = _f(False, "Clip the value loss like the policy ratio.")
   max_grad_norm: float = _f(0.5, "Global gradient-norm clip.")
   num_epochs: int = _f(4, "Passes over each batch.")
-  num_minibatches: int = _f(4, "Minibatches per epoch, split along the env axis.")
+  num_minibatches: int = _f(4, "Minibatches per epoch: the update's transitions, shuffled, "
+                            "cut into this many.")
   normalize_advantages: bool = _f(True, "Normalise advantages per minibatch.")
   normalize_obs: bool = _f(False, "Running mean/var observation normalisation (MuJoCo).")
+  reward_scale: float = _f(1.0, "Rewards are multiplied by this for learning (episode "
+                           "statistics stay raw); keeps MuJoCo value losses O(1).")
 
   def __post_init__(self):
     _check(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be > 0")
@@ -216,6 +219,7 @@ class PPOConfig:
     _non_negative(self, "entropy_coef", "value_coef")
     _check(self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "must be > 0")
     _positive(self, "num_epochs", "num_minibatches")
+    _check(self.reward_scale > 0, "reward_scale", self.reward_scale, "must be > 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,11 +244,14 @@ class DQNConfig:
   max_grad_norm: float = _f(10.0, "Global gradient-norm clip.")
   huber_delta: float = _f(1.0, "Huber loss delta.")
   double_q: bool = _f(True, "Double DQN targets.")
+  steps_per_dispatch: int = _f(1, "Gradient steps per compiled learner call (a lax.scan); "
+                               "params are published after each call.")
 
   def __post_init__(self):
     _check(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be > 0")
     _unit_interval(self, "discount")
-    _positive(self, "n_step", "batch_size", "replay_size", "epsilon_decay_steps")
+    _positive(self, "n_step", "batch_size", "replay_size", "epsilon_decay_steps",
+              "steps_per_dispatch")
     _non_negative(self, "min_replay_size", "target_update_every", "spi_tolerance")
     _check(self.samples_per_insert > 0, "samples_per_insert", self.samples_per_insert,
            "must be > 0")
@@ -277,6 +284,77 @@ class CheckpointConfig:
                 self.checkpoint_at_end)
 
 
+CLUSTER_DETECTION = ("auto", "slurm", "ompi", "mpi4py", "gcetpu", "gketpu")
+
+
+def _device_indices(text: str) -> tuple[int, ...]:
+  """'0,2' -> (0, 2); raises ValueError on anything else (empty items, negatives, repeats)."""
+  out = tuple(int(s) for s in str(text).split(","))
+  if any(i < 0 for i in out) or len(set(out)) != len(out):
+    raise ValueError(text)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+  """One process per host on JAX's distributed runtime (runtime/distributed.py)."""
+
+  coordinator_address: str = _f("", "host:port of process 0's coordinator; set it (with "
+                                "--num_processes, --process_id) to train over several processes.")
+  num_processes: int = _f(1, "Processes in the run, one per host; 1 is single-process.")
+  process_id: int = _f(0, "This process's index, 0 .. num_processes - 1 (0 hosts the coordinator).")
+  cluster_detection: str = _f("", "Take coordinator, process count and id from the cluster: auto "
+                              "(whatever JAX detects: SLURM, Open MPI, TPU VMs), or one of "
+                              "slurm, ompi, mpi4py, gcetpu, gketpu; empty: off.")
+  local_device_ids: str = _f("", "Accelerator ids this process may use, comma separated; empty: "
+                             "JAX's choice (all, but one per process under SLURM/Open MPI).")
+  actor_devices: str = _f("", "Local device indices for the actors' policy, comma separated; "
+                          "empty: auto (CPU or as many accelerators as --learner_devices: shared "
+                          "with the learner; a spare accelerator: device 0, learners after it).")
+  peer_timeout_s: float = _f(60.0, "A peer process silent this long is declared dead: this one "
+                             "exits (status 75) naming it. JAX's heartbeat is 2x this (backstop).")
+  init_timeout_s: int = _f(300, "Seconds to wait for every process to join at start-up.")
+
+  def __post_init__(self):
+    _positive(self, "num_processes", "init_timeout_s")
+    _check(isinstance(self.process_id, int) and 0 <= self.process_id < self.num_processes,
+           "process_id", self.process_id, f"must be in [0, --num_processes={self.num_processes})")
+    _check(self.cluster_detection in ("",) + CLUSTER_DETECTION, "cluster_detection",
+           self.cluster_detection, f"must be empty or one of {', '.join(CLUSTER_DETECTION)}")
+    if self.cluster_detection:
+      _check(self.num_processes == 1 and self.process_id == 0, "num_processes",
+             self.num_processes, "is taken from the cluster with --cluster_detection; leave it "
+             "and --process_id unset")
+    elif self.num_processes > 1:
+      _check(bool(self.coordinator_address), "coordinator_address", self.coordinator_address,
+             "must be host:port when --num_processes > 1 (or set --cluster_detection=auto)")
+    if self.coordinator_address:
+      host, _, port = str(self.coordinator_address).rpartition(":")
+      _check(bool(host) and port.isdigit() and 0 < int(port) < 65536, "coordinator_address",
+             self.coordinator_address, "must be host:port, e.g. 10.0.0.1:1234")
+    for name in ("actor_devices", "local_device_ids"):
+      try:
+        _ = _device_indices(getattr(self, name)) if getattr(self, name) else ()
+      except ValueError:
+        _check(False, name, getattr(self, name),
+               "must be distinct device indices >= 0, comma separated, e.g. 0 or 0,1")
+    _check(isinstance(self.peer_timeout_s, int | float) and self.peer_timeout_s > 0,
+           "peer_timeout_s", self.peer_timeout_s, "must be > 0")
+
+  @property
+  def enabled(self) -> bool:
+    """Whether this run joins JAX's distributed runtime (even as a cluster of one)."""
+    return bool(self.coordinator_address or self.cluster_detection) or self.num_processes > 1
+
+  @property
+  def actor_device_indices(self) -> tuple[int, ...]:
+    return _device_indices(self.actor_devices) if self.actor_devices else ()
+
+  @property
+  def local_device_indices(self) -> tuple[int, ...] | None:
+    return _device_indices(self.local_device_ids) if self.local_device_ids else None
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
   total_env_steps: int = _f(2_000_000, "Stop after this many env steps (all actors together).")
@@ -289,6 +367,8 @@ class RunConfig:
   compilation_cache_dir: str = _f("", "Cache folder; empty means ~/.cache/jaxrl_async/xla.")
   max_wall_s: float = _f(0.0, "Stop after this many seconds of training; 0 means no limit.")
   prng_impl: str = _f("rbg", "JAX PRNG: rbg (compiles faster here) or threefry2x32.")
+  logger: str = _f("none", "Also write metrics to: none, tensorboard (event files in --run_dir) "
+                   "or wandb (where installed); metrics.jsonl is always written.")
   actor_restarts: int = _f(2, "Times a failed actor thread is restarted before the run stops.")
   max_nonfinite_updates: int = _f(10, "Consecutive non-finite updates (skipped) that stop the run.")
 
@@ -300,11 +380,13 @@ class RunConfig:
     _positive(self, "max_nonfinite_updates")
     _check(self.prng_impl in ("rbg", "threefry2x32", "unsafe_rbg"), "prng_impl", self.prng_impl,
            "must be rbg, threefry2x32 or unsafe_rbg")
+    _check(self.logger in ("none", "tensorboard", "wandb"), "logger", self.logger,
+           "must be none, tensorboard or wandb")
 
 
 ALGO_CONFIGS: dict[str, type] = {"impala": ImpalaConfig, "ppo": PPOConfig, "dqn": DQNConfig}
 COMPONENTS = (EnvConfig, ActorConfig, RateConfig, NetworkConfig, LearnerConfig, CheckpointConfig,
-              RunConfig)
+              DistributedConfig, RunConfig)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,6 +400,7 @@ class TrainConfig:
   learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
   algo: Any = dataclasses.field(default_factory=ImpalaConfig)
   checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+  distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
   run: RunConfig = dataclasses.field(default_factory=RunConfig)
 
   def __post_init__(self):
@@ -336,6 +419,9 @@ class TrainConfig:
              self.env.env_batch_size,
              "async EnvPool mode (< num_envs) needs --max_policy_lag >= 1; "
              "K = 0 is exact synchronous training")
+    if self.distributed.enabled:
+      _check(self.learner.algo in ("impala", "ppo"), "algo", self.learner.algo,
+             "multi-process training supports the on-policy algorithms (impala, ppo) only")
 
   @property
   def env_steps_per_rollout(self) -> int:
@@ -382,4 +468,5 @@ class TrainConfig:
 def _component_keys(algo: str) -> list[tuple[str, type]]:
   return [("env", EnvConfig), ("actor", ActorConfig), ("rate", RateConfig),
           ("network", NetworkConfig), ("learner", LearnerConfig), ("algo", ALGO_CONFIGS[algo]),
-          ("checkpoint", CheckpointConfig), ("run", RunConfig)]
+          ("checkpoint", CheckpointConfig), ("distributed", DistributedConfig),
+          ("run", RunConfig)]

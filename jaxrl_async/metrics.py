@@ -92,20 +92,26 @@ class Ema:
 class MetricsWriter:
   """Appends one JSON object per line to RUN_DIR/metrics.jsonl and prints a progress line."""
 
-  def __init__(self, run_dir: Path, append: bool = False, quiet: bool = False):
+  def __init__(self, run_dir: Path, append: bool = False, quiet: bool = False,
+               logger: Any = None):
     run_dir.mkdir(parents=True, exist_ok=True)
     self.path = run_dir / "metrics.jsonl"
     self._file = self.path.open("a" if append else "w")
     self.quiet = quiet
+    self.logger = logger  # loggers.make_logger(...): TensorBoard or wandb, besides the JSONL
 
   def write(self, record: dict[str, Any]) -> None:
     self._file.write(json.dumps(record, default=_jsonable) + "\n")
     self._file.flush()
+    if self.logger is not None:
+      self.logger.write(record, int(record.get("env_steps", 0)))
     if not self.quiet:
       print(progress_line(record), flush=True)
 
   def close(self) -> None:
     self._file.close()
+    if self.logger is not None:
+      self.logger.close()
 
 
 def _jsonable(x: Any) -> Any:

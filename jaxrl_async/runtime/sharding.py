@@ -73,3 +73,47 @@ def check_replicated(tree: Any) -> None:
   prints = fingerprint(tree)
   if len(set(prints)) > 1:
     raise AssertionError(f"replicated params differ across devices: {prints}")
+
+
+# -- several processes (runtime/multihost.py) -------------------------------------------------
+# A global mesh spans every process's learner devices; a process can only place data on its own.
+# So actors put rollouts on their host's *local* learner mesh (put_batch, as in one process), and
+# the learner stitches the hosts' parts into one global array, without copying.
+
+
+def globalize(tree: Any, mesh: Mesh, num_processes: int) -> Any:
+  """This process's [T, B_local, ...] arrays (split along B over its local learner devices) as
+  its part of global [T, B_local * num_processes, ...] arrays split along B over `mesh`.
+
+  Every process calls this with its own part; `mesh` must list process p's learner devices as
+  block p, in the local mesh's order, so host p's envs are block p of the global env axis.
+  """
+  sharding = batch_sharding(mesh)
+
+  def one(x):
+    shape = (x.shape[0], x.shape[1] * num_processes) + tuple(x.shape[2:])
+    return jax.make_array_from_single_device_arrays(
+        shape, sharding, [s.data for s in x.addressable_shards])
+
+  return jax.tree.map(one, tree)
+
+
+def process_local(array: np.ndarray, mesh: Mesh, num_processes: int) -> jax.Array:
+  """A small host array [1, n_local, ...] (one row per local learner device) as this process's
+  part of a global [1, n_local * num_processes, ...] array split like a batch over `mesh`."""
+  shape = (array.shape[0], array.shape[1] * num_processes) + tuple(array.shape[2:])
+  return jax.make_array_from_process_local_data(batch_sharding(mesh), array, shape)
+
+
+def local_replica(tree: Any, local_mesh: Mesh) -> Any:
+  """Replicated global arrays as this process's copies, replicated on `local_mesh` (the local
+  learner devices), without copying: what actors on this host may read."""
+  sharding = replicated(local_mesh)
+  devices = list(local_mesh.devices.flat)
+
+  def one(x):
+    by_device = {s.device: s.data for s in x.addressable_shards}
+    return jax.make_array_from_single_device_arrays(x.shape, sharding,
+                                                    [by_device[d] for d in devices])
+
+  return jax.tree.map(one, tree)

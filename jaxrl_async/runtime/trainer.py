@@ -23,6 +23,7 @@ from jaxrl_async import envs
 from jaxrl_async.algos import make_algorithm
 from jaxrl_async.checkpoint import Checkpointer, check_compatible
 from jaxrl_async.config import ConfigError, TrainConfig
+from jaxrl_async.loggers import make_logger
 from jaxrl_async.metrics import EpisodeStats, MetricsWriter, wall_s
 from jaxrl_async.runtime.actor import Actor
 from jaxrl_async.runtime.balance import ActorGate, Balancer
@@ -31,7 +32,7 @@ from jaxrl_async.runtime.monitor import Monitor
 from jaxrl_async.runtime.params import ParamStore
 from jaxrl_async.runtime.queue import RolloutQueue
 from jaxrl_async.runtime.rate import RateController
-from jaxrl_async.runtime.sharding import LEARNER_AXIS, learner_mesh, replicate, replicated
+from jaxrl_async.runtime.sharding import LEARNER_AXIS, learner_mesh, replicated
 from jaxrl_async.runtime.supervision import Supervised, ThreadFailed, join_all
 
 __all__ = ["RunResult", "ThreadFailed", "Trainer", "check_devices", "validate"]
@@ -55,6 +56,13 @@ def validate(config: TrainConfig, run_dir: Path | None = None) -> envs.EnvSpec:
                       f"needs discrete actions, but {config.env.env_id} has continuous ones "
                       "(use --algo=ppo)")
   check_devices(config)
+  from jaxrl_async.loggers import check_kind
+
+  check_kind(config.run.logger)
+  if config.distributed.enabled or config.distributed.actor_devices:
+    from jaxrl_async.runtime.distributed import check_cluster
+
+    check_cluster(config, Path(run_dir or config.run.run_dir))
   if config.checkpoint.resume:
     meta = Checkpointer(Path(run_dir or config.run.run_dir)).read_meta()
     if meta is not None:
@@ -97,10 +105,30 @@ class Trainer:
     self.devices = check_devices(config)
     self.mesh = learner_mesh(self.devices)
     self.actor_device = self.devices[0]
+    self.actor_devices = [self.actor_device]
+    self.put_mesh = self.mesh  # where actors put rollouts: this host's learner devices
+    # Multi-process runs (and explicit --actor_devices) take their devices from
+    # runtime/distributed.py; the update then runs over every host's learner devices.
+    self.layout: Any = None
+    self.cluster: Any = None
+    if config.distributed.enabled or config.distributed.actor_devices:
+      from jaxrl_async.runtime.distributed import host_layout
+
+      self.layout = host_layout(config)
+      self.devices, self.actor_devices = self.layout.learner_devices, self.layout.actor_devices
+      self.mesh, self.put_mesh = self.layout.learner_mesh, self.layout.local_mesh
+      self.actor_device = self.actor_devices[0]
+    if config.distributed.enabled:
+      from jaxrl_async.runtime.multihost import Cluster
+
+      self.cluster = Cluster(config, self.layout)
     self.algo = make_algorithm(config, self.spec, LEARNER_AXIS)
     ck = config.checkpoint
-    self.checkpointer = Checkpointer(self.run_dir, ck.keep_checkpoints, ck.checkpoint_every_s,
-                                     ck.checkpoint_every_updates) if ck.enabled else None
+    make_checkpointer = self.cluster.make_checkpointer if self.cluster else Checkpointer
+    self.checkpointer = make_checkpointer(self.run_dir, ck.keep_checkpoints, ck.checkpoint_every_s,
+                                          ck.checkpoint_every_updates) if ck.enabled else None
+    if self.cluster is not None:  # checkpoints are the run's; metrics and summary this host's
+      self.run_dir = self.cluster.host_dir(self.run_dir)
     self.start = _Start()
 
   def request_stop(self, reason: str) -> None:
@@ -119,7 +147,9 @@ class Trainer:
   def _init_state(self) -> Any:
     t0 = time.perf_counter()
     key = jax.random.key(self.config.run.seed)
-    state = replicate(jax.jit(self.algo.init)(key), self.mesh)
+    # NOTE: computed straight onto the mesh: a mesh spanning several processes cannot be
+    # device_put to from one process's device.
+    state = jax.jit(self.algo.init, out_shardings=replicated(self.mesh))(key)
     jax.block_until_ready(state)
     self.timings["compile_init_s"] = time.perf_counter() - t0
     return state
@@ -133,11 +163,13 @@ class Trainer:
     self.timings["restore_s"] = time.perf_counter() - t0
     return state
 
-  def _policy_step(self, params: Any) -> Any:
-    """The actors' jitted (params, obs, key) -> (action, extras, key), compiled here once.
+  def _policy_step(self, params: Any, device: jax.Device | None = None) -> Any:
+    """The actors' jitted (params, obs, key) -> (action, extras, key), compiled here once per
+    actor device.
 
     `params` may be abstract (ShapeDtypeStructs): compiling needs shapes only.
     """
+    device = device or self.actor_device
     policy = self.algo.make_policy(0)
 
     def step(params, obs, key):
@@ -148,8 +180,8 @@ class Trainer:
     t0 = time.perf_counter()
     E, spec = self.config.env.batch_size, self.spec
     obs = jax.ShapeDtypeStruct((E,) + spec.obs_shape, spec.obs_dtype)
-    key = jax.device_put(jax.random.key(0), self.actor_device)
-    on_actor = jax.sharding.SingleDeviceSharding(self.actor_device)
+    key = jax.device_put(jax.random.key(0), device)
+    on_actor = jax.sharding.SingleDeviceSharding(device)
     params = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=on_actor),
                           params)
     compiled = jax.jit(step).lower(params, obs, key).compile()
@@ -170,10 +202,11 @@ class Trainer:
     startup = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="startup")
     state_future = startup.submit(self._restore_state if resume else self._init_state,
                                   *((abstract,) if resume else ()))
-    policy_future = startup.submit(self._policy_step, self.algo.actor_params(abstract))
+    policy_futures = [startup.submit(self._policy_step, self.algo.actor_params(abstract), d)
+                      for d in self.actor_devices]
     startup.shutdown(wait=False)
     version = self.start.version
-    store = ParamStore()
+    store = self.cluster.param_store() if self.cluster else ParamStore()
     queue = RolloutQueue(cfg.rate.resolved_queue_capacity)
     controller = RateController(cfg.rate, version)
     actors: list[Actor] = []
@@ -183,28 +216,36 @@ class Trainer:
     learner_cls = Learner
     if self.algo.off_policy:
       from jaxrl_async.runtime.offpolicy import OffPolicyLearner as learner_cls
+    if self.cluster is not None:
+      learner_cls = self.cluster.make_learner
     learner = learner_cls(cfg, self.spec, self.algo, self.mesh, abstract, version, queue, store,
                           controller, self.stop, wall_s, state_future=state_future)
     threads = [Supervised("learner", learner.run, self.stop)]
     threads[0].start()  # compiles the update, then waits for the initial state
     state = state_future.result()
     store.publish(self.algo.actor_params(state), version)
-    policy_step = policy_future.result()
+    policy_steps = [f.result() for f in policy_futures]
     gate = ActorGate(cfg.actor.num_actors) if cfg.rate.balance == "auto" else None
     for i in range(cfg.actor.num_actors):
-      actor = Actor(i, cfg, self.spec, self.algo, policy_step, self.actor_device, self.mesh,
-                    queue, store, controller, stats, self.stop, pool_factory=self.pool_factory,
-                    start_version=version, gate=gate)
+      d = i % len(self.actor_devices)
+      actor = Actor(i, cfg, self.spec, self.algo, policy_steps[d], self.actor_devices[d],
+                    self.put_mesh, queue, store, controller, stats, self.stop,
+                    pool_factory=self.pool_factory, start_version=version, gate=gate,
+                    global_index=self.layout.global_actor_index(i) if self.layout else None)
       actors.append(actor)
       threads.append(Supervised(f"actor-{i}", actor.run, self.stop,
                                 restarts=cfg.run.actor_restarts, on_restart=actor.on_restart))
     for t in threads[1:]:
       t.start()
     self.timings["train_start_wall_s"] = wall_s()
-    writer = MetricsWriter(self.run_dir, append=resume, quiet=self.quiet)
+    is_chief = self.cluster is None or jax.process_index() == 0
+    logger = make_logger(cfg.run.logger if is_chief else "none", self.run_dir, cfg.to_flat())
+    writer = MetricsWriter(self.run_dir, append=resume, quiet=self.quiet, logger=logger)
     monitor = Monitor(cfg, actors, learner, controller, queue, stats, writer,
                       self.start.env_steps, self.start.episodes)
     monitor_ref.append(monitor)
+    if self.cluster is not None:
+      self.cluster.attach(monitor, stats)
     if gate is not None:
       monitor.balancer = Balancer(gate, learner, controller, cfg.rate.target_lag,
                                   cfg.rate.target_idle, cfg.rate.balance_every_s)
@@ -239,15 +280,16 @@ class Trainer:
     next_balance = time.time() + (balancer.every_s if balancer else float("inf"))
     while True:
       stats.solved.wait(0.02)
-      if stats.solved.is_set():
+      if stats.solved.is_set() and self._agreed("solved"):
         return "solved"
-      if self._stop_reason:
+      if self._stop_reason and self._agreed(self._stop_reason):
         return self._stop_reason
       if learner.finished.is_set():
-        return "budget"
+        return self.cluster.stop_reason() if self.cluster else "budget"
       if self.stop.is_set() or not all(t.is_alive() for t in threads):
         return "error" if any(t.error for t in threads) else "stopped"
-      if cfg.max_wall_s and time.time() - t_start >= cfg.max_wall_s:
+      if (cfg.max_wall_s and time.time() - t_start >= cfg.max_wall_s
+          and self._agreed("max_wall_s")):
         return "max_wall_s"
       if time.time() >= next_balance:
         balancer.step(wall_s())
@@ -255,6 +297,16 @@ class Trainer:
       if time.time() >= next_log:
         monitor.log()
         next_log += cfg.log_every_s
+
+  def _agreed(self, reason: str) -> bool:
+    """Whether to stop now. One process: yes. Several must stop at the same version (each
+    launches every global step): the wish rides in the learner's step to every process, and the
+    run ends when the learner finishes there (runtime/multihost.py)."""
+    if self.cluster is None:
+      return True
+    self.cluster.request_stop(reason)
+    time.sleep(0.02)  # `solved.wait` returns at once once solved
+    return False
 
   # -- checkpoints ----------------------------------------------------------------------------
 
@@ -326,6 +378,8 @@ class Trainer:
         "timings": timings,
         "config": self.config.to_flat(),
     }
+    if self.cluster is not None:
+      summary["distributed"] = self.cluster.summary()
     self.run_dir.mkdir(parents=True, exist_ok=True)
     (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary

@@ -1,0 +1,135 @@
+"""The benchmark suite: the quick throughput suite end to end at test sizes, and the pieces the
+suites compute their rows with."""
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import benchmark
+from tools.suites import convergence, lag_sweep, throughput
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_quick_throughput_suite_writes_its_files(tmp_path):
+  out = tmp_path / "throughput"
+  done = subprocess.run(
+      [sys.executable, "-m", "tools.benchmark", "throughput", "--quick", "--tiny", "--out",
+       str(out)], cwd=REPO, capture_output=True, text=True, timeout=240)
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+  assert "[throughput 5/5" in done.stdout  # a progress line per step
+  record = json.loads((out / "results.json").read_text())
+  assert record["suite"] == "throughput"
+  assert len(record["git_rev"]) == 40 or record["git_rev"] == "unknown"
+  machine = record["machine"]
+  assert machine["cores"] >= 1 and machine["cpu_model"] and machine["device_kinds"]
+  assert record["versions"]["jax"] != "not installed"
+  assert record["config"]["tiny"] and record["config"]["tasks"]["cartpole"]
+  rows = record["rows"]
+  assert [r["mode"] for r in rows] == list(throughput.MODES)
+  for r in rows:
+    assert r["task"] == "cartpole" and "error" not in r, r
+    assert r["sps"] > 0
+  pipeline = {r["mode"]: r for r in rows}["pipeline_async"]
+  assert pipeline["vs_bottleneck"] > 0 and pipeline["async_vs_sync"] > 0
+  assert 0.0 <= pipeline["learner_idle_frac"] <= 1.0
+  assert pipeline["policy_lag_mean"] <= 1.0 and pipeline["dropped_stale"] == 0
+  md = (out / "results.md").read_text()
+  assert "| cartpole | pipeline_async |" in md and "throughput.png" in md
+  assert (out / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_ratios_against_the_parts():
+  rows = [{"task": "t", "mode": "actors_only", "sps": 100.0},
+          {"task": "t", "mode": "learner_only", "sps": 400.0},
+          {"task": "t", "mode": "pipeline_async", "sps": 80.0},
+          {"task": "t", "mode": "pipeline_sync", "sps": 40.0},
+          {"task": "u", "mode": "pipeline_async", "sps": None}]
+  throughput.add_ratios(rows)
+  assert rows[2]["vs_bottleneck"] == pytest.approx(0.8)
+  assert rows[2]["vs_learner"] == pytest.approx(0.2)
+  assert rows[2]["async_vs_sync"] == pytest.approx(2.0)
+  assert rows[2]["vs_serial"] == pytest.approx(1.0)  # 1 / (1/100 + 1/400) = 80
+  assert rows[3]["vs_bottleneck"] == pytest.approx(0.4) and "async_vs_sync" not in rows[3]
+  assert rows[4]["vs_bottleneck"] is None and rows[4]["async_vs_sync"] is None
+
+
+def test_window_profile_takes_deltas_over_the_window():
+  records = [
+      {"wall_s": 10.0, "env_steps": 1000, "version": 5, "env_recv_s": 1.0, "inference_s": 2.0,
+       "queue_get_s": 0.0, "learner_idle_frac": 0.9, "actor_blocked_frac": 0.0,
+       "policy_lag_mean": 0.0, "dropped_stale": 1},
+      {"wall_s": 12.0, "env_steps": 3000, "version": 15, "env_recv_s": 2.0, "inference_s": 4.0,
+       "queue_get_s": 1.0, "learner_idle_frac": 0.5, "actor_blocked_frac": 0.2,
+       "policy_lag_mean": 1.0, "dropped_stale": 1},
+  ]
+  p = throughput.window_profile(records, num_actors=2)
+  assert p["sps"] == pytest.approx(1000.0) and p["updates_per_s"] == pytest.approx(5.0)
+  assert p["env_recv_frac"] == pytest.approx(0.25) and p["inference_frac"] == pytest.approx(0.5)
+  assert p["queue_get_frac"] == pytest.approx(0.5) and p["learner_idle_frac"] == 0.5
+  assert p["dropped_stale"] == 0
+  assert throughput.window_profile(records[:1], 2) == {"sps": None}
+
+
+def fake_run(run_dir: Path) -> Path:
+  run_dir.mkdir(parents=True)
+  records = [{"wall_s": 4.0, "env_steps": 100, "version": 0, "learner_idle_frac": 1.0},
+             {"wall_s": 5.0, "env_steps": 1000, "version": 2, "learner_idle_frac": 0.5},
+             {"wall_s": 6.0, "env_steps": 3000, "version": 6, "learner_idle_frac": 0.2},
+             {"wall_s": 8.0, "env_steps": 5000, "version": 9, "learner_idle_frac": 0.5}]
+  (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  summary = {"solved": True, "solved_wall_s": 7.5, "solved_env_steps": 4800, "env_steps": 5000,
+             "wall_s": 8.0, "stop_reason": "solved", "final_return_mean": 480.0,
+             "lag_hist": {"0": 3, "1": 1}, "max_policy_lag_seen": 1, "dropped_stale": 0,
+             "timings": {"import_s": 1.5, "train_start_wall_s": 3.0,
+                         "first_update_wall_s": 4.5}}
+  (run_dir / "summary.json").write_text(json.dumps(summary))
+  return run_dir
+
+
+def test_read_run_has_the_lag_sweep_fields(tmp_path):
+  row = convergence.read_run(fake_run(tmp_path / "run"))
+  assert row["solved"] and row["solved_wall_s"] == 7.5 and row["solved_env_steps"] == 4800
+  assert row["sps"] == pytest.approx(4000 / 3.0)  # from the first record after an update
+  assert row["policy_lag_mean"] == pytest.approx(0.25) and row["policy_lag_max"] == 1
+  assert row["dropped_stale"] == 0 and row["first_update_wall_s"] == 4.5
+  # Weighted by interval, records after the first update only: (0.2 * 1 + 0.5 * 2) / 3.
+  assert row["learner_idle_frac"] == pytest.approx(0.4)
+
+
+def test_lag_sweep_settings_pass_only_flags_that_exist():
+  from jaxrl_async.config import TrainConfig
+
+  assert lag_sweep.setting_flags(None, "off") == {"free_running": True}
+  assert lag_sweep.setting_flags(4, "off") == {"max_policy_lag": 4}
+  has_balance = "balance" in TrainConfig.flag_fields()
+  assert lag_sweep.balance_modes() == (("off", "auto") if has_balance else ("off",))
+  if has_balance:
+    for lag in (0, 1, 8, None):  # every auto setting must make a valid config
+      flags = lag_sweep.setting_flags(lag, "auto")
+      TrainConfig.from_flat({**flags, "num_envs": 16})
+
+
+def test_process_rows_report_failures(tmp_path):
+  row = convergence.run_train("cartpole_impala", 0, tmp_path / "bad", {"num_envs": 0},
+                              timeout_s=120)
+  assert "--num_envs=0" in row["error"]
+
+
+def test_missing_suite_is_a_clear_error(monkeypatch):
+  def missing(name):
+    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+  monkeypatch.setattr(importlib, "import_module", missing)
+  with pytest.raises(SystemExit, match="decentralized.*tools/suites/decentralized.py"):
+    benchmark.load_suite("decentralized")
+
+
+def test_unknown_suite_exits_2():
+  with pytest.raises(SystemExit) as e:
+    benchmark.main(["nonsense"])
+  assert e.value.code == 2
