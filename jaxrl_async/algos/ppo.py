@@ -1,0 +1,311 @@
+"""PPO: clipped-surrogate actor-critic (Schulman et al., 2017), synchronous or asynchronous.
+
+With `max_policy_lag` K = 0 every rollout was acted by the params being updated: standard
+synchronous PPO. With K >= 1 a rollout may come from params up to K versions old; the ratio is
+always taken against the behaviour log-probs the actor recorded (`extras["logp"]`), so stale
+data is importance-corrected and clipped around its own behaviour policy, not ignored.
+
+GAE comes from rlax, with EnvPool's episode ends entering as in impala.py:
+discount_t = gamma (1 - terminated_t) stops bootstrapping at a terminal state, and
+lambda_t = lambda (1 - ended_t) cuts the trace at any episode end, so a time-limit end
+bootstraps from V(final obs) and never mixes with the next episode; EnvPool's reset transition
+is masked out of every loss by `valid`.
+
+Continuous actions: a diagonal Gaussian with a state-independent log-std. The actor samples
+`raw ~ N(mean, std)` and sends `clip(raw, low, high)` to EnvPool (that is what `actions` holds);
+the unclipped `raw` travels in `extras["raw_action"]` and the log-probs of both the behaviour
+and the learner are taken on it, so the ratio is exact (the clipping is part of the env).
+
+Observation normalisation (`normalize_obs`): running mean/var in the train state, published to
+the actors with the params. The learner updates it from each batch *after* the gradient steps,
+so the loss sees the same statistics the actors acted with (at K = 0, exactly).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import chex
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import rlax
+
+from jaxrl_async.algos.base import Algorithm, Rollout, global_mean
+from jaxrl_async.config import ConfigError, TrainConfig
+from jaxrl_async.envs import EnvSpec
+from jaxrl_async.networks import ActorCritic
+from jaxrl_async.types import Array, Metrics, PRNGKey
+
+_OBS_CLIP = 10.0  # normalised observations are clipped to +-10, as gym's NormalizeObservation
+
+
+@flax.struct.dataclass
+class ObsNorm:
+  """Running moments of the observations over every device's data (Chan et al.'s merge)."""
+
+  mean: Array  # [*obs_shape]
+  var: Array  # [*obs_shape]
+  count: Array  # [] observations seen (starts at a tiny count so var = 1 until data arrives)
+
+
+@flax.struct.dataclass
+class PPOState:
+  params: Any
+  opt_state: Any
+  key: PRNGKey
+  version: Array  # learner updates applied so far
+  obs_norm: ObsNorm | None  # None unless normalize_obs
+
+
+def obs_norm_init(obs_shape: tuple[int, ...]) -> ObsNorm:
+  return ObsNorm(jnp.zeros(obs_shape, jnp.float32), jnp.ones(obs_shape, jnp.float32),
+                 jnp.asarray(1e-4, jnp.float32))
+
+
+def normalize(norm: ObsNorm | None, obs: Array) -> Array:
+  if norm is None:
+    return obs
+  return jnp.clip((obs - norm.mean) / jnp.sqrt(norm.var + 1e-8), -_OBS_CLIP, _OBS_CLIP)
+
+
+def obs_norm_update(norm: ObsNorm, obs: Array, axis_name: str) -> ObsNorm:
+  """Merges the moments of `obs` [N..., *obs_shape] from every device into `norm`.
+
+  psum'd sums make every device compute the same statistics, so replicas stay identical.
+  """
+  feature_ndim = norm.mean.ndim
+  x = obs.reshape((-1,) + obs.shape[obs.ndim - feature_ndim:]).astype(jnp.float32)
+  n_b = jax.lax.psum(jnp.asarray(x.shape[0], jnp.float32), axis_name)
+  mean_b = jax.lax.psum(x.sum(0), axis_name) / n_b
+  m2_b = jax.lax.psum(((x - mean_b) ** 2).sum(0), axis_name)
+  n = norm.count + n_b
+  delta = mean_b - norm.mean
+  mean = norm.mean + delta * n_b / n
+  m2 = norm.var * norm.count + m2_b + delta**2 * norm.count * n_b / n
+  return ObsNorm(mean, m2 / n, n)
+
+
+def gae_advantages(values: Array, r_t: Array, terminated_t: Array, truncated_t: Array,
+                   discount: float, lambda_: float) -> Array:
+  """rlax's truncated GAE over [T, B] with EnvPool's episode ends.
+
+  Args:
+    values: V(obs) [T+1, B]. r_t, terminated_t, truncated_t: [T, B].
+    discount, lambda_: gamma and the GAE lambda.
+  Returns:
+    Advantages [T, B]; the value targets are advantages + values[:-1].
+  """
+  chex.assert_rank([values, r_t, terminated_t, truncated_t], 2)
+  chex.assert_equal_shape([values[:-1], r_t, terminated_t, truncated_t])
+  ended_t = (terminated_t | truncated_t).astype(values.dtype)
+  discount_t = discount * (1.0 - terminated_t.astype(values.dtype))
+  lambda_t = lambda_ * (1.0 - ended_t)
+  gae = jax.vmap(rlax.truncated_generalized_advantage_estimation, in_axes=1, out_axes=1)
+  return gae(r_t, discount_t, lambda_t, values)
+
+
+def clipped_surrogate(ratio_t: Array, adv_t: Array, clip_eps: Array) -> Array:
+  """rlax's clipped surrogate loss per element: -min(r A, clip(r, 1 - eps, 1 + eps) A).
+
+  rlax averages over a rank-1 sequence; mapping it over length-1 sequences keeps the
+  per-element loss, which the caller masks and normalises over all devices.
+  """
+  per_element = jax.vmap(rlax.clipped_surrogate_pg_loss, in_axes=(0, 0, None))
+  flat = per_element(ratio_t.reshape(-1, 1), adv_t.reshape(-1, 1), clip_eps)
+  return flat.reshape(ratio_t.shape)
+
+
+def _dist_terms(net_out: Any, discrete: bool, actions: Array) -> tuple[Array, Array]:
+  """(log pi(actions) [...], entropy [...]) for the policy head's output."""
+  if discrete:
+    log_probs = jax.nn.log_softmax(net_out)
+    logp = jnp.take_along_axis(log_probs, actions[..., None], -1)[..., 0]
+    return logp, -(jnp.exp(log_probs) * log_probs).sum(-1)
+  mean, log_std = net_out
+  return gaussian_logp(mean, log_std, actions), (log_std + 0.5 * math.log(2 * math.pi * math.e)
+                                                 ).sum(-1)
+
+
+def gaussian_logp(mean: Array, log_std: Array, x: Array) -> Array:
+  """log N(x; mean, exp(log_std)^2) summed over the last (action) axis."""
+  z = (x - mean) * jnp.exp(-log_std)
+  return (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+@flax.struct.dataclass
+class PPOBatch:
+  """Transitions with what the epochs need, computed once per update: [..., N] leaves."""
+
+  obs: Array  # [..., N, *obs_shape]
+  actions: Array  # [..., N] taken (discrete), or [..., N, A] raw Gaussian samples (continuous)
+  logp: Array  # behaviour log-probs
+  adv: Array  # GAE advantages
+  ret: Array  # value targets: adv + V(obs) at the start of the update
+  value: Array  # V(obs) at the start of the update (for value clipping)
+  valid: Array
+
+
+def ppo_loss(net: ActorCritic, cfg: Any, discrete: bool, params: Any, obs_norm: ObsNorm | None,
+             batch: PPOBatch, clip_eps: Array, axis_name: str) -> tuple[Array, Metrics]:
+  """Clipped surrogate, value and entropy losses on a minibatch, normalised over devices."""
+  head, value = net.apply(params, normalize(obs_norm, batch.obs))
+  logp, entropy = _dist_terms(head, discrete, batch.actions)
+  log_ratio = logp - batch.logp
+  ratio = jnp.exp(log_ratio)
+  mask = batch.valid.astype(jnp.float32)
+  adv = batch.adv
+  if cfg.normalize_advantages:
+    mean = global_mean(adv, mask, axis_name)
+    std = jnp.sqrt(global_mean((adv - mean) ** 2, mask, axis_name))
+    adv = (adv - mean) / (std + 1e-8)
+  count = jax.lax.psum(mask.sum(), axis_name)
+  # Each device returns its share of the global mean; the caller psums the gradients.
+  local_mean = lambda x: (x * mask).sum() / jnp.maximum(count, 1.0)
+  pg_loss = local_mean(clipped_surrogate(ratio, adv, clip_eps))
+  v_err = (value - batch.ret) ** 2
+  if cfg.clip_value:
+    v_clipped = batch.value + jnp.clip(value - batch.value, -clip_eps, clip_eps)
+    v_err = jnp.maximum(v_err, (v_clipped - batch.ret) ** 2)
+  v_loss = 0.5 * local_mean(v_err)
+  ent = local_mean(entropy)
+  loss = pg_loss + cfg.value_coef * v_loss - cfg.entropy_coef * ent
+  metrics = {
+      "pg_loss": pg_loss, "value_loss": v_loss, "entropy": ent,
+      # (r - 1) - log r >= 0 is the low-variance KL estimator (Schulman's blog, "approx kl").
+      "approx_kl": local_mean((ratio - 1.0) - log_ratio),
+      "clip_frac": local_mean((jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32)),
+  }
+  return loss, metrics
+
+
+def transitions(batch: Rollout, values: Array, adv: Array, discrete: bool) -> PPOBatch:
+  """The [T, B] rollout as T x B independent transitions ([N, ...] leaves). The advantages are
+  already computed, so minibatches need not keep trajectories whole (V-trace's do, which is
+  why impala.py uses base.minibatch_epochs over env columns instead)."""
+  T, B = batch.rewards.shape
+  flat = lambda x: x.reshape((T * B,) + x.shape[2:])
+  actions = batch.actions if discrete else batch.extras["raw_action"]
+  return PPOBatch(obs=flat(batch.obs[:-1]), actions=flat(actions), logp=flat(batch.extras["logp"]),
+                  adv=flat(adv), ret=flat(adv + values[:-1]), value=flat(values[:-1]),
+                  valid=flat(batch.valid))
+
+
+def unroll_loops(config: TrainConfig) -> bool:
+  """Whether to unroll the learner's loops over gradient steps.
+
+  NOTE: on XLA:CPU a convolution inside a loop (`lax.scan`) ran 20-35x slower than the same
+  convolution unrolled (notes/algos.md has the measurement), while an MLP was as fast or
+  faster in the loop. So CNN torsos on a CPU get unrolled loops (longer compiles); everything
+  else keeps `lax.scan`.
+  """
+  return config.network.network != "mlp" and jax.default_backend() == "cpu"
+
+
+def shuffled_epochs(key: PRNGKey, data: PPOBatch, num_epochs: int, num_minibatches: int,
+                    step: Callable[[Any, PPOBatch], tuple[Any, Metrics]], carry: Any,
+                    unroll: bool = False) -> tuple[Any, Metrics]:
+  """`step` over `num_epochs` shuffles of `data` [N, ...] cut into `num_minibatches` parts.
+
+  One `lax.scan` over epochs of a `lax.scan` over minibatches (both unrolled if `unroll`):
+  one compile boundary. Returns the final carry and the metrics of the last minibatch step.
+  """
+  n = data.adv.shape[0]
+
+  def epoch(carry, key):
+    perm = jax.random.permutation(key, n)
+    split = jax.tree.map(
+        lambda x: jnp.take(x, perm, axis=0).reshape((num_minibatches, -1) + x.shape[1:]), data)
+    return jax.lax.scan(step, carry, split, unroll=unroll)
+
+  carry, metrics = jax.lax.scan(epoch, carry, jax.random.split(key, num_epochs), unroll=unroll)
+  return carry, jax.tree.map(lambda m: m[-1, -1], metrics)
+
+
+def make_policy_fn(net: ActorCritic, spec: EnvSpec):
+  """The actors' policy over `actor_params(state)` = {"params", "obs_norm"}."""
+  low = jnp.asarray(spec.action_low, jnp.float32) if not spec.discrete else None
+  high = jnp.asarray(spec.action_high, jnp.float32) if not spec.discrete else None
+
+  def policy(actor_params: Any, obs: Array, key: PRNGKey) -> tuple[Array, dict[str, Array]]:
+    head, _ = net.apply(actor_params["params"], normalize(actor_params["obs_norm"], obs))
+    if spec.discrete:
+      action = jax.random.categorical(key, head)
+      logp = jnp.take_along_axis(jax.nn.log_softmax(head), action[..., None], -1)[..., 0]
+      return action.astype(jnp.int32), {"logp": logp}
+    mean, log_std = head
+    raw = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
+    return jnp.clip(raw, low, high), {"logp": gaussian_logp(mean, log_std, raw),
+                                      "raw_action": raw}
+
+  return policy
+
+
+def check_config(config: TrainConfig, spec: EnvSpec) -> None:
+  """PPO's cross-component checks, before any thread starts; raises ConfigError."""
+  if config.algo.normalize_obs and (config.network.network != "mlp" or len(spec.obs_shape) != 1):
+    raise ConfigError("normalize_obs", True, "is for vector observations with --network=mlp "
+                      "(MuJoCo); image torsos scale pixels themselves")
+
+
+def make_ppo(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm:
+  check_config(config, spec)
+  cfg = config.algo
+  net = ActorCritic(config.network, spec.num_actions, discrete=spec.discrete)
+  grad_steps = cfg.num_epochs * cfg.num_minibatches
+  max_updates = -(-config.run.total_env_steps // config.env_steps_per_update)
+  lr = (optax.linear_schedule(cfg.learning_rate, 0.0, max(max_updates * grad_steps, 1))
+        if cfg.anneal_lr else cfg.learning_rate)
+  optimizer = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5))
+  unroll = unroll_loops(config)
+
+  def init(key: PRNGKey) -> PPOState:
+    key, init_key = jax.random.split(key)
+    params = net.init(init_key, jnp.zeros((1,) + spec.obs_shape, spec.obs_dtype))
+    obs_norm = obs_norm_init(spec.obs_shape) if cfg.normalize_obs else None
+    return PPOState(params, optimizer.init(params), key, jnp.zeros((), jnp.int32), obs_norm)
+
+  def update(state: PPOState, batch: Rollout) -> tuple[PPOState, Metrics]:
+    # Advantages and value targets once per batch, with the params the epochs start from.
+    _, values = net.apply(state.params, normalize(state.obs_norm, batch.obs))  # [T+1, B]
+    adv = gae_advantages(values, batch.rewards * cfg.reward_scale, batch.terminated,
+                         batch.truncated, cfg.discount, cfg.gae_lambda)
+    data = transitions(batch, values, adv, spec.discrete)
+    frac = 1.0 - state.version.astype(jnp.float32) / max_updates
+    clip_eps = cfg.clip_eps * jnp.maximum(frac, 0.0) if cfg.anneal_clip else cfg.clip_eps
+    # NOTE: a zero clip (the end of an annealed run) would freeze the policy; keep it positive.
+    clip_eps = jnp.maximum(clip_eps, 1e-3)
+
+    def sgd_step(carry, minibatch: PPOBatch):
+      params, opt_state = carry
+      grads, metrics = jax.grad(
+          lambda p: ppo_loss(net, cfg, spec.discrete, p, state.obs_norm, minibatch, clip_eps,
+                             axis_name), has_aux=True)(params)
+      grads = jax.lax.psum(grads, axis_name)
+      metrics = jax.tree.map(lambda m: jax.lax.psum(m, axis_name), metrics)
+      metrics["grad_norm"] = optax.global_norm(grads)
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      return (optax.apply_updates(params, updates), opt_state), metrics
+
+    key, epoch_key = jax.random.split(state.key)
+    (params, opt_state), metrics = shuffled_epochs(
+        epoch_key, data, cfg.num_epochs, cfg.num_minibatches, sgd_step,
+        (state.params, state.opt_state), unroll)
+    obs_norm = state.obs_norm
+    if obs_norm is not None:
+      obs_norm = obs_norm_update(obs_norm, batch.obs[:-1], axis_name)
+    metrics["clip_eps"] = clip_eps
+    return PPOState(params, opt_state, key, state.version + 1, obs_norm), metrics
+
+  extras_spec = {"logp": ((), np.dtype(np.float32))}
+  if not spec.discrete:
+    extras_spec["raw_action"] = (spec.action_shape, np.dtype(np.float32))
+  policy = make_policy_fn(net, spec)
+  return Algorithm(
+      name="ppo", init=init, make_policy=lambda actor_index: policy, update=update,
+      actor_params=lambda state: {"params": state.params, "obs_norm": state.obs_norm},
+      extras_spec=extras_spec, grad_steps_per_update=grad_steps)
