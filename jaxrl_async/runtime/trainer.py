@@ -56,6 +56,9 @@ def validate(config: TrainConfig, run_dir: Path | None = None) -> envs.EnvSpec:
                       f"needs discrete actions, but {config.env.env_id} has continuous ones "
                       "(use --algo=ppo)")
   check_devices(config)
+  if config.checkpoint.checkpoint_replay:
+    raise ConfigError("checkpoint_replay", True, "is not supported yet: checkpoints hold the "
+                      "learner state only, and a resumed off-policy run refills its replay")
   from jaxrl_async.loggers import check_kind
 
   check_kind(config.run.logger)
