@@ -79,19 +79,21 @@ def test_sampling_is_uniform_over_the_filled_part():
   assert not np.array_equal(t, np.asarray(t2))  # the key advances
 
 
-def test_sharded_replay_and_dqn_on_four_devices(tmp_path):
+def test_sharded_replay_dqn_and_ppo_on_four_devices(tmp_path):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
              JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, "-m", "tests.test_replay", str(tmp_path)], cwd=ROOT,
                      env=env, capture_output=True, text=True, timeout=240)
-  assert r.returncode == 0 and "REPLAY_SHARDED_OK" in r.stdout, (
-      r.stdout[-2000:] + r.stderr[-4000:])
+  ok = r.returncode == 0 and "REPLAY_SHARDED_OK" in r.stdout and "PPO_SHARDED_OK" in r.stdout
+  assert ok, r.stdout[-2000:] + r.stderr[-4000:]
 
 
 def _sharded_main(run_dir: str):
   """With 4 CPU devices: each device keeps its own env columns and wraps on its own; sampling
-  stays on the device; a DQN run keeps its replicas identical."""
+  stays on the device; a DQN run keeps its replicas identical; and (one process start for
+  both) PPO's sharded update equals its single-device one."""
   from jaxrl_async.runtime.sharding import check_replicated
+  from tests.test_ppo import sharded_check
 
   assert jax.device_count() == 4, jax.devices()
   mesh = learner_mesh(jax.devices())
@@ -124,6 +126,7 @@ def _sharded_main(run_dir: str):
   check_replicated(result.state.target_params)
   assert result.summary["updates"] > 50, result.summary
   print("REPLAY_SHARDED_OK", result.summary["updates"])
+  sharded_check()
 
 
 # -- the limiter -------------------------------------------------------------------------------

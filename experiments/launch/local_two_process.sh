@@ -49,7 +49,14 @@ done
 
 status=0
 for pid in "${pids[@]}"; do
-  wait "$pid" || status=$?
+  while true; do
+    rc=0
+    wait "$pid" || rc=$?
+    # A trapped signal interrupts `wait` (status > 128) while the process still runs: wait on.
+    if ((rc > 128)) && kill -0 "$pid" 2>/dev/null; then continue; fi
+    break
+  done
+  ((rc == 0)) || status=$rc
 done
 echo "local_two_process: $num processes finished (status $status); logs in $run_dir/logs" >&2
 exit "$status"

@@ -18,7 +18,12 @@ and the learner are taken on it, so the ratio is exact (the clipping is part of 
 
 Observation normalisation (`normalize_obs`): running mean/var in the train state, published to
 the actors with the params. The learner updates it from each batch *after* the gradient steps,
-so the loss sees the same statistics the actors acted with (at K = 0, exactly).
+so the loss sees the same statistics the actors acted with (at K = 0, exactly). Rewards are
+multiplied by `reward_scale` for learning only.
+
+One update = GAE on the whole [T, B] batch with the params it starts from, then `num_epochs`
+shuffles of its T x B transitions into `num_minibatches` gradient steps (`shuffled_epochs`): one
+compile boundary.
 """
 
 from __future__ import annotations
@@ -152,7 +157,8 @@ class PPOBatch:
 
 def ppo_loss(net: ActorCritic, cfg: Any, discrete: bool, params: Any, obs_norm: ObsNorm | None,
              batch: PPOBatch, clip_eps: Array, axis_name: str) -> tuple[Array, Metrics]:
-  """Clipped surrogate, value and entropy losses on a minibatch, normalised over devices."""
+  """Clipped surrogate, value and entropy losses on a minibatch [b, ...] of transitions,
+  normalised over all devices' minibatches; returns (loss, metrics)."""
   head, value = net.apply(params, normalize(obs_norm, batch.obs))
   logp, entropy = _dist_terms(head, discrete, batch.actions)
   log_ratio = logp - batch.logp

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import importlib
 import json
 import threading
 import time
@@ -56,6 +57,9 @@ def validate(config: TrainConfig, run_dir: Path | None = None) -> envs.EnvSpec:
                       f"needs discrete actions, but {config.env.env_id} has continuous ones "
                       "(use --algo=ppo)")
   check_devices(config)
+  algo_module = importlib.import_module(f"jaxrl_async.algos.{config.learner.algo}")
+  if hasattr(algo_module, "check_config"):
+    algo_module.check_config(config, spec)  # algorithm-specific checks, before any thread
   if config.checkpoint.checkpoint_replay:
     raise ConfigError("checkpoint_replay", True, "is not supported yet: checkpoints hold the "
                       "learner state only, and a resumed off-policy run refills its replay")
@@ -166,14 +170,15 @@ class Trainer:
     self.timings["restore_s"] = time.perf_counter() - t0
     return state
 
-  def _policy_step(self, params: Any, device: jax.Device | None = None) -> Any:
+  def _policy_step(self, params: Any, device: jax.Device | None = None,
+                   policy: Any = None) -> Any:
     """The actors' jitted (params, obs, key) -> (action, extras, key), compiled here once per
     actor device.
 
     `params` may be abstract (ShapeDtypeStructs): compiling needs shapes only.
     """
     device = device or self.actor_device
-    policy = self.algo.make_policy(0)
+    policy = policy or self.algo.make_policy(0)
 
     def step(params, obs, key):
       key, sub = jax.random.split(key)
@@ -205,8 +210,16 @@ class Trainer:
     startup = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="startup")
     state_future = startup.submit(self._restore_state if resume else self._init_state,
                                   *((abstract,) if resume else ()))
-    policy_futures = [startup.submit(self._policy_step, self.algo.actor_params(abstract), d)
-                      for d in self.actor_devices]
+    # One compile per distinct (policy, device): IMPALA and PPO share one policy; DQN's
+    # differ per actor (their exploration epsilons).
+    policies = [self.algo.make_policy(i) for i in range(cfg.actor.num_actors)]  # kept alive
+    policy_key = lambda i: (id(policies[i]), i % len(self.actor_devices))
+    policy_futures: dict[tuple, Any] = {}
+    for i in range(cfg.actor.num_actors):
+      if policy_key(i) not in policy_futures:
+        policy_futures[policy_key(i)] = startup.submit(
+            self._policy_step, self.algo.actor_params(abstract),
+            self.actor_devices[policy_key(i)[1]], policies[i])
     startup.shutdown(wait=False)
     version = self.start.version
     store = self.cluster.param_store() if self.cluster else ParamStore()
@@ -227,11 +240,12 @@ class Trainer:
     threads[0].start()  # compiles the update, then waits for the initial state
     state = state_future.result()
     store.publish(self.algo.actor_params(state), version)
-    policy_steps = [f.result() for f in policy_futures]
+    policy_steps = {k: f.result() for k, f in policy_futures.items()}
     gate = ActorGate(cfg.actor.num_actors) if cfg.rate.balance == "auto" else None
     for i in range(cfg.actor.num_actors):
       d = i % len(self.actor_devices)
-      actor = Actor(i, cfg, self.spec, self.algo, policy_steps[d], self.actor_devices[d],
+      actor = Actor(i, cfg, self.spec, self.algo, policy_steps[policy_key(i)],
+                    self.actor_devices[d],
                     self.put_mesh, queue, store, controller, stats, self.stop,
                     pool_factory=self.pool_factory, start_version=version, gate=gate,
                     global_index=self.layout.global_actor_index(i) if self.layout else None)
