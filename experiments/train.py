@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
   s = result.summary
   print(f"done: {s['stop_reason']} solved={s['solved']} solved_wall_s={s['solved_wall_s']} "
         f"solved_env_steps={s['solved_env_steps']} return_mean={s['final_return_mean']} "
-        f"env_steps={s['env_steps']} wall_s={s['wall_s']:.1f} -> {run_dir}/summary.json")
+        f"env_steps={s['env_steps']} wall_s={s['wall_s']:.1f} -> {trainer.run_dir}/summary.json")
   return 0
 
 
