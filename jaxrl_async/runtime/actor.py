@@ -31,6 +31,10 @@ from jaxrl_async.runtime.rate import RateController
 from jaxrl_async.runtime.sharding import put_batch
 
 _WAKE_S = 0.1  # every blocking wait wakes this often to look at the stop flag
+# NOTE: two threads device_put-ting the same replicated array at once raced inside JAX's
+# resharding slow path (seen once in CI: "safe_zip() argument 1 has length 4 but argument 0 has
+# length 8"); the copy is cheap and once per rollout, so actors take turns.
+_PARAM_PUT_LOCK = threading.Lock()
 
 
 def env_seed(seed: int, actor_index: int, num_envs: int, salt: int = 0) -> int:
@@ -123,7 +127,8 @@ class Actor:
     params, version = self.store.latest()
     # NOTE: the published params are replicated on the learner mesh; the policy runs on this
     # actor's device alone, so take (a copy of) the local replica once per rollout.
-    params = jax.device_put(params, self.device)
+    with _PARAM_PUT_LOCK:
+      params = jax.device_put(params, self.device)
     self.timers.param_fetch_s += time.perf_counter() - t0
     return params, version
 
