@@ -12,6 +12,7 @@ from pathlib import Path
 
 from absl import app, flags
 
+from experiments.cli import parse_flags
 from jaxrl_async.config import ConfigError, TrainConfig
 
 _RUN_DIR = flags.DEFINE_string("run_dir", None, "Run folder holding checkpoints/.")
@@ -89,4 +90,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

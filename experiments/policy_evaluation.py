@@ -20,6 +20,7 @@ from pathlib import Path
 
 from absl import app, flags
 
+from experiments.cli import parse_flags
 from jaxrl_async.decentralized.config import ConfigError, PolicyEvalConfig
 from jaxrl_async.decentralized.graphs import GraphError
 from jaxrl_async.decentralized.problem import ProblemError
@@ -95,15 +96,6 @@ def main(argv: list[str]) -> int:
         f"rate_c={summary['rate_c']:.8f} consensus_error={summary['consensus_error']:.2e} "
         f"-> {run_dir}/summary.json", flush=True)
   return 0
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's parser, but a bad flag value exits 2 with one line, like every other bad input."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    print(f"{Path(argv[0]).stem}: {e}", file=sys.stderr)
-    sys.exit(2)
 
 
 if __name__ == "__main__":

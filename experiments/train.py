@@ -13,6 +13,7 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
+from experiments.cli import parse_flags
 from experiments.presets import PRESETS, preset
 from jaxrl_async.config import ConfigError, TrainConfig
 
@@ -113,15 +114,6 @@ def install_signal_handlers(trainer) -> None:
 
   signal.signal(signal.SIGINT, handle)
   signal.signal(signal.SIGTERM, handle)
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's parser, but a bad flag value exits 2 with one line, like every other bad input."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    print(f"{Path(argv[0]).stem}: {e}", file=sys.stderr)
-    sys.exit(2)
 
 
 if __name__ == "__main__":
