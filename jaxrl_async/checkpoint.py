@@ -1,10 +1,13 @@
 """Checkpoints on orbax's CheckpointManager: train state plus counters, controller state and the
-resolved config, saved asynchronously and atomically.
+resolved config, saved asynchronously and atomically; optionally the off-policy replay too.
 
-Layout: RUN_DIR/checkpoints/<version>/{state, meta}. Orbax writes each step into a temporary
-folder and renames it when complete, so a save interrupted by a crash or kill -9 never hides the
-previous checkpoint; `latest_step()` only lists complete ones. Typed PRNG keys are stored as
-their raw key data and re-wrapped on restore (orbax stores plain arrays).
+Layout: RUN_DIR/checkpoints/<version>/{state, meta[, replay]}. `replay` (--checkpoint_replay)
+is the device-resident ring buffer with its write position, fill and sampling key; its host
+counters (the samples-per-insert limiter's) are in `meta["replay"]`. Orbax writes each step
+into a temporary folder and renames it when complete, so a save interrupted by a crash or
+kill -9 never hides the previous checkpoint; `latest_step()` only lists complete ones. Typed
+PRNG keys are stored as their raw key data and re-wrapped on restore (orbax stores plain
+arrays).
 
 orbax is imported on first use: it costs over a second to import here, which a short run that
 never checkpoints should not pay.
@@ -25,6 +28,10 @@ from jaxrl_async.config import ConfigError
 # Fields a resumed run must share with its checkpoint: they shape the params or the data.
 COMPATIBILITY_FIELDS = ("algo", "env_id", "network", "hidden_sizes", "activation", "shared_torso",
                         "frame_stack", "prng_impl", "normalize_obs")
+# Fields a run restoring a checkpointed replay must share with it: they shape the buffer
+# (capacity, column length and count, its split over devices) or what its stored values mean.
+REPLAY_FIELDS = ("replay_size", "rollout_len", "num_envs", "learner_devices", "discount",
+                 "n_step")
 
 
 def _is_key(x: Any) -> bool:
@@ -85,13 +92,18 @@ class Checkpointer:
     by_time = self.every_s and time.time() - self._last_save_t >= self.every_s
     return bool(by_updates or by_time)
 
-  def save(self, version: int, state: Any, meta: dict[str, Any]) -> None:
-    """Starts an asynchronous save; returns once the arrays are copied off the devices."""
+  def save(self, version: int, state: Any, meta: dict[str, Any], replay: Any = None) -> None:
+    """Starts an asynchronous save; returns once the arrays are copied off the devices.
+
+    `replay`, when given, is saved as a third item; its host counters belong in `meta`.
+    """
     import orbax.checkpoint as ocp
 
     t0 = time.perf_counter()
-    args = ocp.args.Composite(state=ocp.args.StandardSave(_to_savable(state)),
-                              meta=ocp.args.JsonSave(meta))
+    items = {"state": ocp.args.StandardSave(_to_savable(state)), "meta": ocp.args.JsonSave(meta)}
+    if replay is not None:
+      items["replay"] = ocp.args.StandardSave(_to_savable(replay))
+    args = ocp.args.Composite(**items)
     self.manager.save(version, args=args, force=True)
     self._last_save_t, self._last_save_version = time.time(), version
     self.saves += 1
@@ -114,6 +126,20 @@ class Checkpointer:
         state=ocp.args.StandardRestore(_abstract_savable(abstract_state)),
         meta=ocp.args.JsonRestore()))
     return _from_saved(restored["state"], abstract_state), dict(restored["meta"])
+
+  def restore_replay(self, abstract_replay: Any, version: int | None = None
+                     ) -> tuple[Any, dict[str, Any]] | None:
+    """(replay, its host counters) saved with the newest checkpoint (or `version`), restored
+    onto `abstract_replay`'s shardings; None if that checkpoint holds no replay."""
+    import orbax.checkpoint as ocp
+
+    meta = self.read_meta(version)
+    if meta is None or "replay" not in meta:
+      return None
+    version = int(meta["version"]) if version is None else version
+    restored = self.manager.restore(version, args=ocp.args.Composite(
+        replay=ocp.args.StandardRestore(_abstract_savable(abstract_replay))))
+    return _from_saved(restored["replay"], abstract_replay), dict(meta["replay"])
 
   def read_meta(self, version: int | None = None) -> dict[str, Any] | None:
     """The meta (counters, config) of a checkpoint without restoring arrays."""
@@ -138,10 +164,18 @@ class Checkpointer:
       self._manager.close()
 
 
-def check_compatible(saved: dict[str, Any], current: dict[str, Any]) -> None:
-  """Refuses to resume with a config that changes the params' shapes or the data."""
+def check_compatible(saved: dict[str, Any], current: dict[str, Any],
+                     with_replay: bool = False) -> None:
+  """Refuses to resume with a config that changes the params' shapes or the data, or, when
+  `with_replay` (the checkpoint's replay is to be restored), the replay's."""
   for name in COMPATIBILITY_FIELDS:
     if name in saved and saved.get(name) != current.get(name):
       raise ConfigError(name, current.get(name),
                         f"differs from the checkpoint's {saved.get(name)!r}; --resume needs the "
                         "same value")
+  for name in REPLAY_FIELDS if with_replay else ():
+    if name in saved and saved.get(name) != current.get(name):
+      raise ConfigError(name, current.get(name),
+                        f"differs from the checkpoint's {saved.get(name)!r}; --resume with "
+                        "--checkpoint_replay restores its replay and needs the same value (or "
+                        "resume without --checkpoint_replay to start an empty replay)")

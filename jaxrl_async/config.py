@@ -271,7 +271,9 @@ class CheckpointConfig:
   checkpoint_every_updates: int = _f(0, "Versions between checkpoints; 0 disables.")
   keep_checkpoints: int = _f(3, "Checkpoints kept (older ones are deleted).")
   checkpoint_at_end: bool = _f(True, "Save a final checkpoint when the run ends or is stopped.")
-  checkpoint_replay: bool = _f(False, "Off-policy: include the replay contents (large).")
+  checkpoint_replay: bool = _f(False, "Off-policy (dqn): checkpoints also hold the replay and "
+                               "its limiter counters, and --resume continues them (large: "
+                               "pong_dqn's replay is 2.9 GB).")
   resume: bool = _f(False, "Continue from the newest complete checkpoint in --run_dir.")
 
   def __post_init__(self):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from jaxrl_async import envs
+from jaxrl_async.checkpoint import Checkpointer
 from jaxrl_async.runtime import actor as actor_mod
 from jaxrl_async.runtime import offpolicy
 from jaxrl_async.runtime import replay as replay_lib
@@ -107,6 +108,20 @@ def _sharded_main(run_dir: str):
     np.testing.assert_array_equal(np.asarray(shard.data)[0],
                                   [200 + mine[0], 200 + mine[1], 100 + mine[0], 100 + mine[1]])
   assert int(replay.pos) == 2 and int(replay.filled) == 4
+
+  # --checkpoint_replay: a sharded replay restores shard for shard onto the same mesh.
+  ck = Checkpointer(Path(run_dir) / "replay_checkpoint", use_async=False)
+  ck.save(1, {"step": np.zeros((), np.int32)}, {"version": 1, "replay": {"n": 3}}, replay=replay)
+  ck.wait()
+  restored, counters = ck.restore_replay(
+      jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), replay))
+  ck.close()
+  assert counters == {"n": 3} and int(restored.pos) == 2 and int(restored.filled) == 4
+  for mine, back in zip(replay.data["x"].addressable_shards,
+                        restored.data["x"].addressable_shards, strict=True):
+    assert mine.device == back.device
+    np.testing.assert_array_equal(np.asarray(mine.data), np.asarray(back.data))
+  np.testing.assert_array_equal(jax.random.key_data(restored.key), jax.random.key_data(replay.key))
 
   def sample_values(r):
     t, c, _ = replay_lib.sample_indices(r, 64, L, LEARNER_AXIS)

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import optax
 import rlax
 
-from jaxrl_async.algos.base import Algorithm, Rollout
+from jaxrl_async.algos.base import Algorithm, Rollout, clipped_adam
 from jaxrl_async.algos.ppo import unroll_loops
 from jaxrl_async.config import ConfigError, TrainConfig
 from jaxrl_async.envs import EnvSpec
@@ -176,8 +176,7 @@ def make_dqn(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm:
   check_config(config, spec)
   cfg = config.algo
   net = QNetwork(config.network, spec.num_actions)
-  optimizer = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
-                          optax.adam(cfg.learning_rate, eps=1e-5))
+  optimizer = clipped_adam(cfg.learning_rate, cfg.max_grad_norm)
 
   def init(key: PRNGKey) -> DQNState:
     key, init_key = jax.random.split(key)

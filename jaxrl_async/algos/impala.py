@@ -18,7 +18,14 @@ import numpy as np
 import optax
 import rlax
 
-from jaxrl_async.algos.base import Algorithm, Rollout, global_mean, minibatch_epochs
+from jaxrl_async.algos.base import (
+  Algorithm,
+  Rollout,
+  clipped_adam,
+  global_mean,
+  minibatch_epochs,
+  psum_flat,
+)
 from jaxrl_async.config import TrainConfig
 from jaxrl_async.envs import EnvSpec
 from jaxrl_async.networks import ActorCritic
@@ -36,7 +43,7 @@ class ImpalaState:
 def make_optimizer(cfg: Any, total_grad_steps: int) -> optax.GradientTransformation:
   lr = (optax.linear_schedule(cfg.learning_rate, 0.0, max(total_grad_steps, 1))
         if cfg.anneal_lr else cfg.learning_rate)
-  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5))
+  return clipped_adam(lr, cfg.max_grad_norm)
 
 
 def categorical_policy(net: ActorCritic):
@@ -118,8 +125,7 @@ def make_impala(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm
     params, opt_state = carry
     grads, metrics = jax.grad(
         lambda p: vtrace_loss(net, cfg, p, batch, axis_name), has_aux=True)(params)
-    grads = jax.lax.psum(grads, axis_name)
-    metrics = jax.tree.map(lambda m: jax.lax.psum(m, axis_name), metrics)
+    grads, metrics = psum_flat((grads, metrics), axis_name)
     metrics["grad_norm"] = optax.tree.norm(grads)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), metrics

@@ -40,7 +40,7 @@ import numpy as np
 import optax
 import rlax
 
-from jaxrl_async.algos.base import Algorithm, Rollout, global_mean
+from jaxrl_async.algos.base import Algorithm, Rollout, clipped_adam, global_mean, psum_flat
 from jaxrl_async.config import ConfigError, TrainConfig
 from jaxrl_async.envs import EnvSpec
 from jaxrl_async.networks import ActorCritic
@@ -266,7 +266,7 @@ def make_ppo(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm:
   max_updates = -(-config.run.total_env_steps // config.env_steps_per_update)
   lr = (optax.linear_schedule(cfg.learning_rate, 0.0, max(max_updates * grad_steps, 1))
         if cfg.anneal_lr else cfg.learning_rate)
-  optimizer = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5))
+  optimizer = clipped_adam(lr, cfg.max_grad_norm)
   unroll = unroll_loops(config)
 
   def init(key: PRNGKey) -> PPOState:
@@ -291,8 +291,7 @@ def make_ppo(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm:
       grads, metrics = jax.grad(
           lambda p: ppo_loss(net, cfg, spec.discrete, p, state.obs_norm, minibatch, clip_eps,
                              axis_name), has_aux=True)(params)
-      grads = jax.lax.psum(grads, axis_name)
-      metrics = jax.tree.map(lambda m: jax.lax.psum(m, axis_name), metrics)
+      grads, metrics = psum_flat((grads, metrics), axis_name)
       metrics["grad_norm"] = optax.global_norm(grads)
       updates, opt_state = optimizer.update(grads, opt_state, params)
       return (optax.apply_updates(params, updates), opt_state), metrics

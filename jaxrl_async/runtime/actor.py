@@ -28,7 +28,7 @@ from jaxrl_async.metrics import EpisodeStats
 from jaxrl_async.runtime.params import ParamStore
 from jaxrl_async.runtime.queue import QueueClosed, RolloutInfo, RolloutQueue
 from jaxrl_async.runtime.rate import RateController
-from jaxrl_async.runtime.sharding import put_batch
+from jaxrl_async.runtime.sharding import host_buffer, put_batch
 
 _WAKE_S = 0.1  # every blocking wait wakes this often to look at the stop flag
 # NOTE: two threads device_put-ting the same replicated array at once raced inside JAX's
@@ -43,6 +43,41 @@ def env_seed(seed: int, actor_index: int, num_envs: int, salt: int = 0) -> int:
   base mixes the run seed with `salt` (resume version, restart count) so sessions differ."""
   base = int(np.random.SeedSequence([seed, salt]).generate_state(1)[0]) % (2**31 - 2**24)
   return base + actor_index * num_envs
+
+
+def key_data_shape() -> tuple[int, ...]:
+  """The shape of one key's raw data under the configured PRNG implementation (traced only)."""
+  return jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape
+
+
+def compile_policy_step(policy: Any, params: Any, spec: envs.EnvSpec, batch_size: int,
+                        device: jax.Device) -> Any:
+  """The actors' (params, obs, key data) -> (action, extras, key data), compiled ahead of time
+  for `device` from shapes alone (`params` may be ShapeDtypeStructs).
+
+  Keys travel as raw data so actors make theirs in numpy (`actor_key_data`).
+  """
+
+  def step(params, obs, key_data):
+    key, sub = jax.random.split(jax.random.wrap_key_data(key_data))
+    action, extras = policy(params, obs, sub)
+    return action, extras, jax.random.key_data(key)
+
+  on_actor = jax.sharding.SingleDeviceSharding(device)
+  shaped = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=on_actor)
+  params = jax.tree.map(lambda p: shaped(p.shape, p.dtype), params)
+  obs = shaped((batch_size,) + spec.obs_shape, spec.obs_dtype)
+  return jax.jit(step).lower(params, obs, shaped(key_data_shape(), np.uint32)).compile()
+
+
+def actor_key_data(seed: int, actor_index: int, salt: int, shape: tuple[int, ...]) -> np.ndarray:
+  """The actor's initial PRNG key, as raw key data made in numpy.
+
+  Eager `jax.random` calls compile one small program each (rbg's fold_in alone took 0.5 s on
+  this CPU), on the path to the first rollout; the compiled policy step wraps the data itself.
+  """
+  size = int(np.prod(shape))
+  return np.random.SeedSequence([seed, actor_index, salt]).generate_state(size).reshape(shape)
 
 
 @dataclasses.dataclass
@@ -62,16 +97,18 @@ class ActorTimers:
 
 
 class _Segment:
-  """Host buffers for one rollout; fresh ones each time, since device_put copies asynchronously."""
+  """Host buffers for one rollout; fresh ones each time, since device_put copies asynchronously
+  (or, on a CPU device, aliases them: `host_buffer`), so they are never written after the put."""
 
   def __init__(self, T: int, E: int, spec: envs.EnvSpec, extras_spec: dict[str, Any]):
-    self.obs = np.zeros((T + 1, E) + spec.obs_shape, spec.obs_dtype)
-    self.actions = np.zeros((T, E) + spec.action_shape, spec.action_dtype)
-    self.rewards = np.zeros((T, E), np.float32)
-    self.terminated = np.zeros((T, E), bool)
-    self.truncated = np.zeros((T, E), bool)
-    self.valid = np.zeros((T, E), bool)
-    self.extras = {k: np.zeros((T, E) + shape, dtype) for k, (shape, dtype) in extras_spec.items()}
+    self.obs = host_buffer((T + 1, E) + spec.obs_shape, spec.obs_dtype)
+    self.actions = host_buffer((T, E) + spec.action_shape, spec.action_dtype)
+    self.rewards = host_buffer((T, E), np.float32)
+    self.terminated = host_buffer((T, E), bool)
+    self.truncated = host_buffer((T, E), bool)
+    self.valid = host_buffer((T, E), bool)
+    self.extras = {k: host_buffer((T, E) + shape, dtype)
+                   for k, (shape, dtype) in extras_spec.items()}
     self.version: int | None = None
 
   def rollout(self) -> Rollout:
@@ -185,9 +222,8 @@ class Actor:
     segments: dict[int, _Segment] = {}
     counts = np.zeros(E, np.int64)  # recvs so far per env = the next obs time index
     tracker = envs.EpisodeTracker(E)
-    key = jax.device_put(
-        jax.random.fold_in(jax.random.fold_in(jax.random.key(self.config.run.seed),
-                                              self.global_index), self._salt()), self.device)
+    key = jax.device_put(actor_key_data(self.config.run.seed, self.global_index, self._salt(),
+                                        key_data_shape()), self.device)
     next_emit = 0
     if not self._acquire_permit():
       return

@@ -69,13 +69,15 @@ def skip_nonfinite(update: Any) -> Any:
 
   def guarded(state, batch):
     new_state, metrics = update(state, batch)
-    floats = [x for x in jax.tree.leaves((new_state, metrics))
-              if jnp.issubdtype(x.dtype, jnp.floating)]
-    ok = jnp.stack([jnp.isfinite(x).all() for x in floats]).all()
+    is_float = lambda x: jnp.issubdtype(x.dtype, jnp.floating)
+    floats = [x for x in jax.tree.leaves((new_state, metrics)) if is_float(x)]
+    # One check over one flat vector and one cond, rather than a check and a select per leaf:
+    # the same answer in a third of the ops, which cuts the update's compile time.
+    ok = jnp.isfinite(jnp.concatenate([x.ravel() for x in floats])).all()
     # Only float leaves roll back; counters (the version) and RNG keys move on.
-    keep = lambda new, old: jnp.where(ok, new, old) if jnp.issubdtype(new.dtype, jnp.floating) \
-        else new
-    state = jax.tree.map(keep, new_state, state)
+    rolled_back = lambda: jax.tree.map(lambda new, old: old if is_float(new) else new,
+                                       new_state, state)
+    state = jax.lax.cond(ok, lambda: new_state, rolled_back)
     return state, dict(metrics, nonfinite=~ok)
 
   return guarded

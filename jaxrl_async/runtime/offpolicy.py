@@ -19,10 +19,16 @@ start a rollout), and a rollout's ticket is released right after it is inserted.
 Both compiled steps run under `shard_map` over the learner mesh: an insert writes each
 device's own env columns into its own shard of the replay; a gradient step samples each
 device's share of the batch from its shard and averages gradients with psum.
+
+Checkpoints (--checkpoint_replay): `replay_snapshot` gives the trainer's hook the replay and the
+host counters that go with it (the limiter's, the inserted rollouts), read in this thread
+between steps, so they always agree; a resumed run hands the restored pair in through
+`replay_future`, and the learner goes on sampling from it with no second warm-up.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from typing import Any
 
@@ -39,12 +45,22 @@ _WAKE_S = 0.1
 _CLOSED = object()
 
 
+def abstract_replay(config: Any, spec: Any, algo: Any, mesh: Any) -> replay_lib.Replay:
+  """The learner's replay as ShapeDtypeStructs with their shardings (nothing allocated)."""
+  ext = algo.extension
+  rollout = batch_shapes(config, spec, algo, mesh)[0]
+  columns = replay_lib.num_columns(ext.replay_size, ext.steps, config.env.num_envs)
+  return replay_lib.abstract(jax.eval_shape(ext.to_columns, rollout), columns, mesh, ext.seed)
+
+
 class OffPolicyLearner(Learner):
-  """`run()` is the thread body. Same constructor as `Learner`; `algo.extension` is a
+  """`run()` is the thread body. Same constructor as `Learner`, plus `replay_future`: a future
+  of a restored `(replay, replay_meta)` (or of None: start empty). `algo.extension` is a
   `dqn.ReplayExtension`-shaped bundle of pure functions."""
 
-  def __init__(self, *args: Any, **kwargs: Any):
+  def __init__(self, *args: Any, replay_future: Any = None, **kwargs: Any):
     super().__init__(*args, **kwargs)
+    self.replay_future = replay_future
     ext = self.algo.extension
     self.ext = ext
     self.devices = self.mesh.devices.size
@@ -68,9 +84,8 @@ class OffPolicyLearner(Learner):
     t0 = time.perf_counter()
     ext, mesh = self.ext, self.mesh
     rollout = batch_shapes(self.config, self.spec, self.algo, mesh)[0]
-    if self.replay is None:  # (a caller may have set a restored one)
-      example = jax.eval_shape(ext.to_columns, rollout)
-      self.replay = replay_lib.init(example, self.columns, mesh, ext.seed)
+    # Compiled against shapes only: the buffer is allocated (or restored) once the state is.
+    replay = abstract_replay(self.config, self.spec, self.algo, mesh)
     rspecs = replay_lib.specs(mesh)
     split, rep = batch_sharding(mesh).spec, replicated(mesh).spec
     per_insert = self.per_insert
@@ -100,11 +115,47 @@ class OffPolicyLearner(Learner):
     # only reads it, and hands back the advanced sampling key alone.
     self.insert_fn = replay_lib.sharded(
         insert, mesh, (rep, rspecs, split), (rep, rspecs), donate_argnums=(1,)
-    ).lower(self.state, self.replay, rollout).compile()
+    ).lower(self.state, replay, rollout).compile()
     self.learn_fn = replay_lib.sharded(learn, mesh, (rep, rspecs), (rep, rep, rep)).lower(
-        self.state, self.replay).compile()
+        self.state, replay).compile()
     self.timers.compile_s = time.perf_counter() - t0
     self.compiled.set()
+
+  # -- the replay: empty, restored, or saved --------------------------------------------------
+
+  def _await_replay(self) -> bool:
+    """Sets the replay: the restored one with its limiter counters, or an empty one. False if
+    the run stopped while waiting."""
+    restored = None
+    while self.replay_future is not None and not self.stop.is_set():
+      try:
+        restored = self.replay_future.result(timeout=_WAKE_S)
+        self.replay_future = None
+      except concurrent.futures.TimeoutError:
+        continue
+    if self.replay_future is not None:
+      return False
+    if restored is None:
+      ext = self.ext
+      example = jax.eval_shape(ext.to_columns,
+                               batch_shapes(self.config, self.spec, self.algo, self.mesh)[0])
+      self.replay = replay_lib.init(example, self.columns, self.mesh, ext.seed)
+    else:
+      self.replay, saved = restored
+      self.limiter.load_state_dict(saved["limiter"])
+      self.inserted_rollouts = int(saved["inserted_rollouts"])
+    return True
+
+  def replay_snapshot(self) -> tuple[replay_lib.Replay, dict[str, Any]] | None:
+    """(replay, its host counters) for a checkpoint, or None before the replay exists. Call it
+    from this thread (the trainer's hook) or after it ended, so the two agree."""
+    if self.replay is None:
+      return None
+    filled = min(self.inserted_rollouts * self.config.env.num_envs, self.columns)
+    return self.replay, {"limiter": self.limiter.state_dict(),
+                         "inserted_rollouts": self.inserted_rollouts,
+                         "transitions": filled * self.ext.steps,
+                         "capacity": self.columns * self.ext.steps}
 
   # -- the loop -----------------------------------------------------------------------------
 
@@ -147,7 +198,7 @@ class OffPolicyLearner(Learner):
 
   def run(self) -> None:
     self._compile()
-    if not self._await_state():
+    if not self._await_state() or not self._await_replay():
       return
     self.env_steps_inserted = int(jax.device_get(self.state.env_steps))
     budget = self.config.run.total_env_steps

@@ -53,9 +53,8 @@ def num_columns(capacity: int, steps: int, columns_per_insert: int) -> int:
   return -(-columns // columns_per_insert) * columns_per_insert
 
 
-def init(example: Any, columns: int, mesh: Any, seed: int) -> Replay:
-  """A zeroed replay of `columns` columns shaped like `example` ([L, E, ...] leaves, arrays or
-  ShapeDtypeStructs), placed on `mesh` without a host copy."""
+def _zeros_fn(example: Any, columns: int, mesh: Any, seed: int) -> Callable[[], Replay]:
+  """jit(() -> zeroed Replay), placed on `mesh`; shared by `init` and `abstract`."""
   devices = mesh.devices.size
   if columns % devices:
     raise ValueError(f"replay columns {columns} must divide over {devices} learner devices")
@@ -66,9 +65,22 @@ def init(example: Any, columns: int, mesh: Any, seed: int) -> Replay:
     return Replay(data, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
                   jax.random.key(seed))
 
-  sharding = specs(mesh)
-  out = jax.tree.map(lambda spec: jax.sharding.NamedSharding(mesh, spec), sharding)
-  return jax.jit(zeros, out_shardings=out)()
+  out = jax.tree.map(lambda spec: jax.sharding.NamedSharding(mesh, spec), specs(mesh))
+  return jax.jit(zeros, out_shardings=out)
+
+
+def init(example: Any, columns: int, mesh: Any, seed: int) -> Replay:
+  """A zeroed replay of `columns` columns shaped like `example` ([L, E, ...] leaves, arrays or
+  ShapeDtypeStructs), placed on `mesh` without a host copy."""
+  return _zeros_fn(example, columns, mesh, seed)()
+
+
+def abstract(example: Any, columns: int, mesh: Any, seed: int) -> Replay:
+  """What `init` would return as ShapeDtypeStructs with their shardings, allocating nothing:
+  enough to compile against, or to restore a checkpointed replay into."""
+  zeros = _zeros_fn(example, columns, mesh, seed)
+  out = zeros.lower().out_info
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=s.sharding), out)
 
 
 def insert(replay: Replay, columns: Any) -> Replay:

@@ -32,6 +32,23 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
+# XLA's CPU client aliases a host array aligned to this many bytes instead of copying it.
+_HOST_ALIGN = 64
+
+
+def host_buffer(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+  """A zeroed host array aligned so that `put_batch` onto a CPU device is zero-copy.
+
+  numpy aligns to 16 bytes only, and an unaligned array is copied into freshly mapped device
+  memory, page fault by page fault (BUILD_NOTES.md, "Transfer"). Accelerators copy either way.
+  """
+  dtype = np.dtype(dtype)
+  size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+  raw = np.zeros(size + _HOST_ALIGN, np.uint8)
+  start = -raw.ctypes.data % _HOST_ALIGN
+  return raw[start:start + size].view(dtype).reshape(shape)
+
+
 def put_batch(tree: Any, mesh: Mesh) -> Any:
   """Places a host pytree of [T, B, ...] arrays on the learner devices, split along B.
 

@@ -137,3 +137,12 @@ class SampleToInsertRatio:
     with self._cond:
       return {"inserted": self.inserted, "sampled": self.sampled,
               "warm_inserted": self.warm_inserted}
+
+  def load_state_dict(self, state: dict[str, Any]) -> None:
+    """Continues from `state_dict()`'s counters (a resumed run with its replay restored): the
+    warm-up stays over and the ratio's error is carried over, so neither side gets a burst."""
+    with self._cond:
+      self.inserted, self.sampled = int(state["inserted"]), int(state["sampled"])
+      warm = state["warm_inserted"]
+      self.warm_inserted = None if warm is None else int(warm)
+      self._cond.notify_all()

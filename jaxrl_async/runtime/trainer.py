@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxrl_async import envs
 from jaxrl_async.algos import make_algorithm
@@ -26,7 +27,7 @@ from jaxrl_async.checkpoint import Checkpointer, check_compatible
 from jaxrl_async.config import ConfigError, TrainConfig
 from jaxrl_async.loggers import make_logger
 from jaxrl_async.metrics import EpisodeStats, MetricsWriter, wall_s
-from jaxrl_async.runtime.actor import Actor
+from jaxrl_async.runtime.actor import Actor, compile_policy_step
 from jaxrl_async.runtime.balance import ActorGate, Balancer
 from jaxrl_async.runtime.learner import Learner
 from jaxrl_async.runtime.monitor import Monitor
@@ -37,6 +38,9 @@ from jaxrl_async.runtime.sharding import LEARNER_AXIS, learner_mesh, replicated
 from jaxrl_async.runtime.supervision import Supervised, ThreadFailed, join_all
 
 __all__ = ["RunResult", "ThreadFailed", "Trainer", "check_devices", "validate"]
+
+# Algorithms that learn from a replay (runtime/offpolicy.py), which --checkpoint_replay saves.
+OFF_POLICY_ALGOS = ("dqn",)
 
 
 def check_devices(config: TrainConfig) -> list[jax.Device]:
@@ -60,9 +64,10 @@ def validate(config: TrainConfig, run_dir: Path | None = None) -> envs.EnvSpec:
   algo_module = importlib.import_module(f"jaxrl_async.algos.{config.learner.algo}")
   if hasattr(algo_module, "check_config"):
     algo_module.check_config(config, spec)  # algorithm-specific checks, before any thread
-  if config.checkpoint.checkpoint_replay:
-    raise ConfigError("checkpoint_replay", True, "is not supported yet: checkpoints hold the "
-                      "learner state only, and a resumed off-policy run refills its replay")
+  if config.checkpoint.checkpoint_replay and config.learner.algo not in OFF_POLICY_ALGOS:
+    raise ConfigError("checkpoint_replay", True,
+                      f"needs an off-policy algorithm with a replay ({', '.join(OFF_POLICY_ALGOS)}"
+                      f"); --algo={config.learner.algo} learns from its rollouts and has none")
   from jaxrl_async.loggers import check_kind
 
   check_kind(config.run.logger)
@@ -73,7 +78,8 @@ def validate(config: TrainConfig, run_dir: Path | None = None) -> envs.EnvSpec:
   if config.checkpoint.resume:
     meta = Checkpointer(Path(run_dir or config.run.run_dir)).read_meta()
     if meta is not None:
-      check_compatible(meta["config"], config.to_flat())
+      check_compatible(meta["config"], config.to_flat(),
+                       with_replay=config.checkpoint.checkpoint_replay and "replay" in meta)
   return spec
 
 
@@ -137,6 +143,7 @@ class Trainer:
     if self.cluster is not None:  # checkpoints are the run's; metrics and summary this host's
       self.run_dir = self.cluster.host_dir(self.run_dir)
     self.start = _Start()
+    self.replay_restored = False  # a resumed off-policy run continued its saved replay
 
   def request_stop(self, reason: str) -> None:
     """Asks the run to end cleanly (from a signal handler or another thread)."""
@@ -144,19 +151,23 @@ class Trainer:
 
   # -- start-up: state, compiled functions ----------------------------------------------------
 
+  def _init_from_seed(self, seed: Any) -> Any:
+    # The key is made inside the compiled init: an eager `jax.random.key` compiles on its own.
+    return self.algo.init(jax.random.key(seed))
+
   def _abstract_state(self) -> Any:
     """Shapes, dtypes and shardings of the train state, without computing it."""
-    shapes = jax.eval_shape(self.algo.init, jax.random.key(self.config.run.seed))
+    shapes = jax.eval_shape(self._init_from_seed, self.config.run.seed)
     sharding = replicated(self.mesh)
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
                         shapes)
 
   def _init_state(self) -> Any:
     t0 = time.perf_counter()
-    key = jax.random.key(self.config.run.seed)
     # NOTE: computed straight onto the mesh: a mesh spanning several processes cannot be
     # device_put to from one process's device.
-    state = jax.jit(self.algo.init, out_shardings=replicated(self.mesh))(key)
+    init = jax.jit(self._init_from_seed, out_shardings=replicated(self.mesh))
+    state = init(np.int32(self.config.run.seed))
     jax.block_until_ready(state)
     self.timings["compile_init_s"] = time.perf_counter() - t0
     return state
@@ -170,29 +181,27 @@ class Trainer:
     self.timings["restore_s"] = time.perf_counter() - t0
     return state
 
+  def _abstract_replay(self) -> Any:
+    from jaxrl_async.runtime.offpolicy import abstract_replay
+
+    return abstract_replay(self.config, self.spec, self.algo, self.mesh)
+
+  def _restore_replay(self, abstract: Any, after: Any) -> Any:
+    """The checkpoint's (replay, host counters), or None if it holds none (the learner then
+    starts an empty one). Runs after the state's restore (`after`), never beside it."""
+    after.result()
+    t0 = time.perf_counter()
+    restored = self.checkpointer.restore_replay(abstract, self.start.resumed_from)
+    self.timings["restore_replay_s"] = time.perf_counter() - t0
+    self.replay_restored = restored is not None
+    return restored
+
   def _policy_step(self, params: Any, device: jax.Device | None = None,
                    policy: Any = None) -> Any:
-    """The actors' jitted (params, obs, key) -> (action, extras, key), compiled here once per
-    actor device.
-
-    `params` may be abstract (ShapeDtypeStructs): compiling needs shapes only.
-    """
-    device = device or self.actor_device
-    policy = policy or self.algo.make_policy(0)
-
-    def step(params, obs, key):
-      key, sub = jax.random.split(key)
-      action, extras = policy(params, obs, sub)
-      return action, extras, key
-
+    """The actors' compiled policy step (`compile_policy_step`) for `device`."""
     t0 = time.perf_counter()
-    E, spec = self.config.env.batch_size, self.spec
-    obs = jax.ShapeDtypeStruct((E,) + spec.obs_shape, spec.obs_dtype)
-    key = jax.device_put(jax.random.key(0), device)
-    on_actor = jax.sharding.SingleDeviceSharding(device)
-    params = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=on_actor),
-                          params)
-    compiled = jax.jit(step).lower(params, obs, key).compile()
+    compiled = compile_policy_step(policy or self.algo.make_policy(0), params, self.spec,
+                                   self.config.env.batch_size, device or self.actor_device)
     self.timings["compile_policy_s"] = time.perf_counter() - t0
     return compiled
 
@@ -220,6 +229,9 @@ class Trainer:
         policy_futures[policy_key(i)] = startup.submit(
             self._policy_step, self.algo.actor_params(abstract),
             self.actor_devices[policy_key(i)[1]], policies[i])
+    replay_future = None
+    if resume and self.algo.off_policy and cfg.checkpoint.checkpoint_replay:
+      replay_future = startup.submit(self._restore_replay, self._abstract_replay(), state_future)
     startup.shutdown(wait=False)
     version = self.start.version
     store = self.cluster.param_store() if self.cluster else ParamStore()
@@ -229,13 +241,16 @@ class Trainer:
     monitor_ref: list[Monitor] = []
     stats = EpisodeStats(cfg.run.return_window, cfg.run.stop_at_return,
                          lambda: monitor_ref[0].env_steps() if monitor_ref else 0)
-    learner_cls = Learner
+    learner_cls, learner_kwargs = Learner, {}
     if self.algo.off_policy:
       from jaxrl_async.runtime.offpolicy import OffPolicyLearner as learner_cls
+
+      learner_kwargs = {"replay_future": replay_future}
     if self.cluster is not None:
       learner_cls = self.cluster.make_learner
     learner = learner_cls(cfg, self.spec, self.algo, self.mesh, abstract, version, queue, store,
-                          controller, self.stop, wall_s, state_future=state_future)
+                          controller, self.stop, wall_s, state_future=state_future,
+                          **learner_kwargs)
     threads = [Supervised("learner", learner.run, self.stop)]
     threads[0].start()  # compiles the update, then waits for the initial state
     state = state_future.result()
@@ -338,13 +353,25 @@ class Trainer:
         "saved_at": time.time(),
     }
 
+  def _save(self, learner, version, state, meta) -> None:
+    """Saves state and meta, and with --checkpoint_replay the learner's replay and its
+    counters. Called in the learner thread or after it ended, so replay and state agree."""
+    snapshot = None
+    if self.config.checkpoint.checkpoint_replay and hasattr(learner, "replay_snapshot"):
+      snapshot = learner.replay_snapshot()
+    if snapshot is None:
+      self.checkpointer.save(version, state, meta)
+    else:
+      replay, counters = snapshot
+      self.checkpointer.save(version, state, meta | {"replay": counters}, replay=replay)
+
   def _checkpoint_hook(self, learner, controller, monitor, stats) -> Any:
     if self.checkpointer is None:
       return None
 
     def hook(version: int, state: Any) -> None:  # runs in the learner thread
       if self.checkpointer.due(version):
-        self.checkpointer.save(version, state, self._meta(version, controller, monitor, stats))
+        self._save(learner, version, state, self._meta(version, controller, monitor, stats))
 
     return hook
 
@@ -356,10 +383,12 @@ class Trainer:
                           for leaf in jax.tree.leaves(learner.state))
     if self.config.checkpoint.checkpoint_at_end and state_ready and learner.version > 0:
       # After a failure the learner's state is still its last good one (non-finite updates
-      # are skipped), so it is saved too.
-      if learner.version != ck._last_save_version:
-        ck.save(learner.version, learner.state,
-                self._meta(learner.version, controller, monitor, stats) | {"failed": failed})
+      # are skipped), so it is saved too. A resumed session that made no update leaves the
+      # checkpoint it started from as it is: orbax never overwrites a step, and deleting it
+      # first would open a window with no checkpoint at all.
+      if learner.version not in (ck._last_save_version, self.start.resumed_from):
+        self._save(learner, learner.version, learner.state,
+                   self._meta(learner.version, controller, monitor, stats) | {"failed": failed})
     ck.close()
 
   def _summary(self, reason, actors, learner, controller, stats, monitor, threads
@@ -380,6 +409,7 @@ class Trainer:
         "updates": t.updates,
         "version": learner.version,
         "resumed_from_version": self.start.resumed_from,
+        "replay_restored": self.replay_restored,
         "wall_s": now,
         "wall_s_total": self.start.wall_s_total + now,
         "max_policy_lag_seen": controller.max_lag_seen,

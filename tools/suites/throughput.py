@@ -124,24 +124,12 @@ class _Parts:
     self.state = replicate(jax.jit(self.algo.init)(jax.random.key(config.run.seed)), self.mesh)
 
   def policy_step(self) -> Any:
-    """The actors' (params, obs, key) -> (action, extras, key), compiled ahead of time as the
-    trainer does, so no compilation falls into a measured window."""
-    import jax
+    """The actors' policy step, compiled ahead of time as the trainer does, so no compilation
+    falls into a measured window."""
+    from jaxrl_async.runtime.actor import compile_policy_step
 
-    policy = self.algo.make_policy(0)
-
-    def step(params, obs, key):
-      key, sub = jax.random.split(key)
-      action, extras = policy(params, obs, sub)
-      return action, extras, key
-
-    on_actor = jax.sharding.SingleDeviceSharding(self.device)
-    params = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=on_actor),
-                          self.algo.actor_params(self.state))
-    obs = jax.ShapeDtypeStruct((self.config.env.batch_size,) + self.spec.obs_shape,
-                               self.spec.obs_dtype)
-    key = jax.device_put(jax.random.key(0), self.device)
-    return jax.jit(step).lower(params, obs, key).compile()
+    return compile_policy_step(self.algo.make_policy(0), self.algo.actor_params(self.state),
+                               self.spec, self.config.env.batch_size, self.device)
 
 
 def _sample_window(count: Any, window: Window, snapshot: Any = lambda: None

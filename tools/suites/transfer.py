@@ -3,7 +3,10 @@
 For rollout-shaped payloads (a CartPole rollout, a Breakout rollout, a 64 MiB block), each a
 pytree of fresh host arrays [T, B, ...] as an actor makes them:
 - `put_batch`: `runtime.sharding.put_batch` (what actors call: `jax.device_put` with the
-  learner's env-axis `NamedSharding`) until the arrays are ready on the devices;
+  learner's env-axis `NamedSharding`) until the arrays are ready on the devices, on host buffers
+  made as actors make them (`host_buffer`: 64-byte aligned, which a CPU device aliases instead
+  of copying when one device holds the whole batch); `put_batch_unaligned`: the same call on
+  plain numpy arrays;
 - `memcpy`: `np.copyto` of the same bytes into preallocated host buffers (the hardware's copy
   bandwidth), and `memcpy_alloc`: `np.copy` (allocation included, as a fresh device buffer is).
 Bandwidths are medians over repetitions, in GB/s; the ratio that matters is put_batch / memcpy.
@@ -46,11 +49,16 @@ TINY_PAYLOADS = {"cartpole_rollout": PAYLOADS["cartpole_rollout"],
                  "small_block": {"obs": ((8, 16, 64, 64), "uint8")}}
 
 
-def make_tree(spec: dict[str, tuple[tuple[int, ...], str]], fill: int) -> dict[str, Any]:
-  """Fresh host arrays, allocated and written as an actor's rollout buffers are."""
+def make_tree(spec: dict[str, tuple[tuple[int, ...], str]], fill: int,
+              aligned: bool = True) -> dict[str, Any]:
+  """Fresh host arrays, allocated (`host_buffer`) and written as an actor's rollout buffers are;
+  `aligned=False`: plain numpy allocations instead."""
   import numpy as np
 
-  tree = {k: np.zeros(shape, dtype) for k, (shape, dtype) in spec.items()}
+  from jaxrl_async.runtime.sharding import host_buffer
+
+  alloc = host_buffer if aligned else np.zeros
+  tree = {k: alloc(shape, dtype) for k, (shape, dtype) in spec.items()}
   for x in tree.values():
     x[...] = fill % 2 if x.dtype == bool else fill % 100
   return tree
@@ -83,16 +91,19 @@ def measure_payload(name: str, spec: dict[str, Any], mesh: Any, tiny: bool) -> l
 
   size, reps = nbytes(spec), _reps(nbytes(spec), tiny)
   dst = make_tree(spec, 0)  # memcpy's preallocated (and already faulted-in) destination
+  put = lambda t: jax.block_until_ready(put_batch(t, mesh))
   methods = {
-      "put_batch": lambda t: jax.block_until_ready(put_batch(t, mesh)),
+      "put_batch": put,
+      "put_batch_unaligned": put,  # the same call on numpy's 16-byte-aligned arrays
       "memcpy": lambda t: [np.copyto(dst[k], v) for k, v in t.items()],
       "memcpy_alloc": lambda t: [np.copy(v) for v in t.values()],
   }
   times: dict[str, list[float]] = {m: [] for m in methods}
   faults: dict[str, list[int]] = {m: [] for m in methods}
   for rep in range(reps + 1):
-    tree = make_tree(spec, rep + 1)
+    trees = {True: make_tree(spec, rep + 1), False: make_tree(spec, rep + 1, aligned=False)}
     for method, fn in methods.items():
+      tree = trees[method != "put_batch_unaligned"]
       f0, t0 = _minor_faults(), time.perf_counter()
       result = fn(tree)
       if rep:  # the first repetition pays for one-time set-up
