@@ -27,6 +27,17 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def free_port_in(ports: range) -> int:
+  for port in np.random.default_rng().permutation(ports):
+    with socket.socket() as s:
+      try:
+        s.bind(("127.0.0.1", int(port)))
+      except OSError:
+        continue
+      return int(port)
+  raise RuntimeError(f"no free port in {ports}")
+
+
 def kill_all(procs):
   for p in procs:
     if p.poll() is None:
@@ -147,3 +158,30 @@ def test_a_dead_or_hung_peer_ends_the_others_with_a_clear_error(tmp_path, fault,
   else:  # the coordinator itself died: JAX's client or our watchdog says so
     assert any(s in err for s in ("lost the coordinator", "a peer probably died",
                                   "another task died")), err[-3000:]
+
+
+def test_cluster_detection_reads_slurms_environment(tmp_path):
+  """`--cluster_detection=slurm` with SLURM's variables set by hand (2 tasks on this machine):
+  JAX takes the coordinator (first node of the step's node list, port from the job id), the
+  process count and each id from them; both processes train to the same version."""
+  port = free_port_in(range(61440, 65536))  # JAX takes 61440 + job id % 4096
+  slurm = {"SLURM_JOB_ID": str(port - 61440), "SLURM_STEP_NODELIST": "127.0.0.1",
+           "SLURM_NTASKS": "2", "SLURM_STEP_NUM_NODES": "1"}
+  args = [sys.executable, "-m", "experiments.train", "--cluster_detection=slurm",
+          f"--run_dir={tmp_path}", "--total_env_steps=128", "--stop_at_return=nan",
+          "--num_envs=4", "--num_actors=1", "--rollout_len=8", "--hidden_sizes=16",
+          "--num_epochs=1", "--num_minibatches=1", "--checkpoint_every_s=0", "--quiet"]
+  procs = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(ENV, **slurm, SLURM_PROCID=str(i),
+                                                SLURM_LOCALID=str(i)))
+           for i in (0, 1)]
+  try:
+    errs = [p.communicate(timeout=170)[1] for p in procs]
+  finally:
+    kill_all(procs)
+  assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-2000:] for e in errs)
+  a = json.loads((tmp_path / "summary.json").read_text())
+  b = json.loads((tmp_path / "process_1" / "summary.json").read_text())
+  assert (a["distributed"]["process_index"], b["distributed"]["process_index"]) == (0, 1)
+  assert a["distributed"]["num_processes"] == b["distributed"]["num_processes"] == 2
+  assert a["version"] == b["version"] == 2  # 128 global env steps = 2 updates of 2 x 32
