@@ -48,7 +48,8 @@ def run(out_dir: Path, quick: bool, tiny: bool = False) -> SuiteResult:
   seeds = (0,) if quick or tiny else (0, 1, 2)
   lags = (0, 1, None) if tiny else LAGS
   balances = balance_modes()
-  budget_s = 40.0 if tiny else 100.0 if quick else 300.0
+  # NOTE: a run that does not solve costs its whole budget; 120 s is 5-10x a typical solve.
+  budget_s = 40.0 if tiny else 100.0 if quick else 120.0
   grid = [(t, lag, b, s) for t in tasks for lag in lags for b in balances for s in seeds]
   progress = Progress(len(grid), "lag_sweep")
   rows = []
@@ -99,11 +100,36 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
   return out
 
 
+def balance_verdict(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Issue 5's test of `--balance=auto`, per task: its median time to solve at each K against
+  the best and the median of the fixed (`off`) settings' medians (K and no cap alike)."""
+  table = aggregate(rows)
+  out = []
+  for task in dict.fromkeys(r["task"] for r in table):
+    fixed = [r["time_to_solve_s"] for r in table if r["task"] == task and r["balance"] == "off"
+             and r["time_to_solve_s"] is not None]
+    if not fixed:
+      continue
+    best, mid = min(fixed), median(fixed)
+    for r in table:
+      if r["task"] == task and r["balance"] == "auto":
+        t = r["time_to_solve_s"]
+        out.append({"task": task, "K": r["K"], "auto_time_s": t, "best_fixed_s": best,
+                    "median_fixed_s": mid, "auto_vs_best": t / best if t else None,
+                    "within_10%_of_best": bool(t and t <= 1.1 * best),
+                    "beats_median": bool(t and t < mid)})
+  return out
+
+
 def tables(rows: list[dict[str, Any]]) -> str:
   return ("## By setting (medians over seeds; lag max and dropped: worst seed)\n\n"
           + md_table(aggregate(rows), ["task", "K", "balance", "solved", "time_to_solve_s",
                                        "env_steps_to_solve", "sps", "lag_mean", "lag_max",
                                        "dropped", "learner_idle_%"])
+          + "\n## balance=auto against the fixed settings (medians of time to solve)\n\n"
+          + md_table(balance_verdict(rows), ["task", "K", "auto_time_s", "best_fixed_s",
+                                             "median_fixed_s", "auto_vs_best",
+                                             "within_10%_of_best", "beats_median"])
           + "\n## Every run\n\n"
           + md_table(rows, ["task", "max_policy_lag", "balance", "seed", "solved",
                             "solved_wall_s", "solved_env_steps", "sps", "policy_lag_mean",
