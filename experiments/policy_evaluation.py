@@ -4,6 +4,8 @@
     python -m experiments.policy_evaluation --mode=sync --stragglers=1
     python -m experiments.policy_evaluation --data=mountain_car --nodes=8 --max_wall_s=120
     python -m experiments.policy_evaluation --runtime=processes --nodes=2 --tol=1e-6
+    python -m experiments.policy_evaluation --nodes=8 --samples=12800 --shards=80 \
+        --stragglers=1 --allocation=speed --weights=speed --alpha=40 --tol=1e-6
 
 Every setting is a flag (help text from `jaxrl_async.decentralized.config`). Runs until every
 node's relative error is below --tol or a budget is spent, prints progress, and writes
@@ -77,7 +79,9 @@ def main(argv: list[str]) -> int:
   clock = "wall_s" if config.runtime == "processes" else "virtual_time"
   print(f"policy_evaluation: {problem.name}, {config.topology} graph, mode={config.mode}, "
         f"runtime={config.runtime}, N={config.nodes}, alpha={config.alpha}, "
-        f"beta={config.beta} -> {run_dir}", flush=True)
+        f"beta={config.beta}, {problem.shards} shards ({config.allocation}), "
+        f"{config.weights} weights, rows per node "
+        f"{problem.count.tolist()} -> {run_dir}", flush=True)
   writer = experiment.MetricsWriter(run_dir / "metrics.jsonl")
   show = progress_printer(_QUIET.value, clock)
   try:
@@ -87,7 +91,7 @@ def main(argv: list[str]) -> int:
     return 1
   finally:
     writer.close()
-  summary = experiment.summary(config, result)
+  summary = experiment.summary(config, result, problem)
   (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
   experiment.plot(result, run_dir, f"{problem.name}\n{config.mode}, {config.topology}, "
                   f"N={config.nodes}", "wall seconds" if clock == "wall_s" else "virtual time")

@@ -26,6 +26,10 @@ def run_cli(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
     (["--alpha=0"], "--alpha=0.0: must be a number > 0"),
     (["--stragglers=5", "--nodes=4"], "--stragglers=5: must be <= --nodes=4"),
     (["--nodes=two"], "--nodes"),
+    (["--nodes=8", "--shards=4"], "--shards=4: must be 0 or >= --nodes=8"),
+    (["--shards=2000", "--samples=1600"], "--shards=2000: larger than the data"),
+    (["--split=multi_agent", "--allocation=speed"], "--allocation='speed': must be uniform"),
+    (["--weights=fast"], "--weights='fast': must be one of uniform, speed"),
 ])
 def test_bad_input_exits_2_with_one_line_naming_the_flag(args, needle, tmp_path):
   out = run_cli(*args, f"--run_dir={tmp_path / 'run'}")

@@ -27,7 +27,8 @@ def test_random_digraph_has_exact_out_degree_and_is_strongly_connected(seed):
 
 
 @pytest.mark.parametrize("make", [lambda: graphs.directed_ring(6), lambda: graphs.exponential(7),
-                                  lambda: graphs.random_strongly_connected(8, 2, 3)])
+                                  lambda: graphs.random_strongly_connected(8, 2, 3),
+                                  lambda: graphs.exponential(7).with_speeds([0.1] + [1.0] * 6)])
 def test_pull_is_row_stochastic_and_push_column_stochastic_with_positive_diagonals(make):
   g = make()
   a, b = g.pull_matrix(), g.push_matrix()
@@ -64,3 +65,23 @@ def test_not_strongly_connected_is_refused_with_a_message():
   with pytest.raises(graphs.GraphError, match="--out_degree"):
     graphs.random_strongly_connected(4, 4, 0)
   assert graphs.is_strongly_connected(graphs.from_edges(3, [(0, 1), (1, 2), (2, 0)]).adj)
+
+
+def test_speed_weights_trust_a_slow_node_less_and_send_it_less_mass():
+  plain = graphs.exponential(8)
+  g = plain.with_speeds([0.1] + [1.0] * 7)
+  a, b, a0, b0 = g.pull_matrix(), g.push_matrix(), plain.pull_matrix(), plain.push_matrix()
+  for i in plain.out_neighbours(0):  # nodes that pull node 0's (stale) copy
+    assert a[i, 0] < a0[i, 0] / 5
+  assert a[0, 0] < a0[0, 0] / 5  # the slow node mostly adopts its neighbours' average
+  for j in plain.in_neighbours(0):  # nodes that push tracker mass to node 0
+    assert b[0, j] < b0[0, j] / 5
+  assert b[0, 0] < b0[0, 0] / 5  # and it keeps little of its own
+  # Equal speeds are the uniform weights; the slot tables carry the speed weights.
+  flat = plain.with_speeds([3.0] * 8)
+  np.testing.assert_allclose(flat.pull_matrix(), a0, rtol=1e-15)
+  np.testing.assert_allclose(flat.push_matrix(), b0, rtol=1e-15)
+  assert graphs.make("exponential", 8, speeds=tuple(g.speeds)).slot_tables()["push_self"][0] \
+      == b[0, 0]
+  with pytest.raises(graphs.GraphError, match="speeds must be 8 numbers > 0"):
+    plain.with_speeds([0.0] + [1.0] * 7)

@@ -41,3 +41,58 @@ def test_parallel_split_divides_the_rows_and_multi_agent_shares_them():
 def test_more_nodes_than_data_is_refused():
   with pytest.raises(problem_lib.ProblemError, match="--nodes=11: larger than the data"):
     problem_lib.random_mdp(0, nodes=11, samples=10)
+
+
+def test_speed_allocation_sums_to_the_shards_and_gives_a_straggler_fewer():
+  speeds = np.array([0.1] + [1.0] * 7)  # node 0 ten times slower
+  count = problem_lib.allocate_shards(80, speeds)
+  assert count.sum() == 80 and count.min() >= 1
+  assert count[0] == 1 and count[1:].min() >= 11  # quotas 1.13 and 11.27
+  assert np.abs(count - 80 * speeds / speeds.sum()).max() < 1.0  # largest remainders
+  uniform = problem_lib.allocate_shards(10, np.ones(3))
+  assert uniform.sum() == 10 and uniform.max() - uniform.min() <= 1
+  # A very slow node still holds one shard: the counts stay a partition of the K shards.
+  tiny = problem_lib.allocate_shards(8, np.array([0.01] + [1.0] * 7))
+  assert tiny.tolist() == [1] * 8
+  with pytest.raises(problem_lib.ProblemError, match="--shards=3: fewer shards than nodes"):
+    problem_lib.allocate_shards(3, np.ones(4))
+
+
+def test_moving_shards_between_nodes_leaves_theta_star_unchanged():
+  kw = dict(samples=960, features=6, states=12, shards=12)
+  uniform = problem_lib.random_mdp(2, nodes=4, **kw)
+  speed = problem_lib.random_mdp(2, nodes=4, speeds=np.array([0.25, 1.0, 1.0, 1.0]), **kw)
+  single = problem_lib.random_mdp(2, nodes=1, **kw)
+  assert speed.count.sum() == uniform.count.sum() == 960
+  assert speed.count[0] < uniform.count[0] and speed.shards_per_node()[0] == 1
+  theta = uniform.theta_star()
+  for other in (speed, single):
+    np.testing.assert_allclose(other.theta_star(), theta, rtol=0,
+                               atol=1e-12 * np.linalg.norm(theta))
+  # Saddle point of the sharded problem: sum_s A_s^T C_s^+ (A_s t - b_s) + K rho t = 0.
+  a, b, c = speed.shard_matrices()
+  grad = speed.shards * speed.rho * theta
+  for a_s, b_s, c_s in zip(a, b, c, strict=True):
+    grad += a_s.T @ np.linalg.pinv(c_s) @ (a_s @ theta - b_s)
+  assert np.linalg.norm(grad) < 1e-10 * np.linalg.norm(theta)
+  # Why shards: moving *rows* between per-node duals changes the problem itself.
+  per_node = problem_lib.random_mdp(2, nodes=4, samples=960, features=6, states=12)
+  by_rows = problem_lib.split_rows(
+      np.concatenate([per_node.phi[i, :n] for i, n in enumerate(per_node.count)]),
+      np.concatenate([per_node.psi[i, :n] for i, n in enumerate(per_node.count)]),
+      np.concatenate([per_node.r[i, :n] for i, n in enumerate(per_node.count)]),
+      4, "parallel", per_node.rho, "by_rows", shards=12, speeds=np.array([0.25, 1, 1, 1]))
+  np.testing.assert_allclose(by_rows.theta_star(), theta, rtol=0, atol=1e-12 * np.linalg.norm(
+      theta))  # same rows, same shards, same theta*
+  assert np.linalg.norm(per_node.theta_star() - theta) > 1e-3 * np.linalg.norm(theta)
+
+
+def test_shards_default_to_one_per_node_and_are_never_split_across_nodes():
+  p = problem_lib.random_mdp(0, nodes=3, samples=10, features=4)
+  assert p.shards == 3 and p.shard_rows().tolist() == [3, 4, 3]
+  assert (p.shard[0, 3:] == -1).all()
+  bad = np.array([[0, 1], [1, 2]])  # shard 1 on both nodes
+  with pytest.raises(problem_lib.ProblemError, match="on one node"):
+    problem_lib.Problem(p.phi[:2, :2], p.psi[:2, :2], p.r[:2, :2], [2, 2], 0.01, shard=bad)
+  with pytest.raises(problem_lib.ProblemError, match="cannot be resharded"):
+    problem_lib.random_mdp(0, nodes=3, samples=10, features=4, split="multi_agent", shards=6)

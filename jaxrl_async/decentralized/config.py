@@ -11,13 +11,14 @@ import dataclasses
 from typing import Any
 
 from jaxrl_async.decentralized.graphs import TOPOLOGIES
-from jaxrl_async.decentralized.problem import SPLITS
+from jaxrl_async.decentralized.problem import ALLOCATIONS, SPLITS
 from jaxrl_async.decentralized.schedule import DELAY_DISTS
 
 DATA = ("random_mdp", "mountain_car")
 MODES = ("async", "sync", "centralized")
 RUNTIMES = ("simulated", "processes")
 SAMPLINGS = ("uniform", "cyclic")
+WEIGHTS = ("uniform", "speed")
 DEFAULT_FEATURES = {"random_mdp": 20, "mountain_car": 300}
 
 
@@ -53,6 +54,15 @@ class PolicyEvalConfig:
   split: str = _f("parallel", "parallel: the --samples transitions are divided among the nodes; "
                   "multi_agent: every node holds them all, with its own local rewards.")
   samples: int = _f(1600, "Transitions in total (parallel) or shared by all nodes (multi_agent).")
+  shards: int = _f(0, "--split=parallel: cut the transitions into this many equal shards, each "
+                   "with its own dual; a node holds whole shards. theta* depends on the shards, "
+                   "not on which node holds them. 0 means one shard per node.")
+  allocation: str = _f("uniform", "How the shards are spread over the nodes: uniform, or speed "
+                       "(in proportion to each node's speed, 1 / slowdown, so every node passes "
+                       "over its rows in about the same time; needs --shards well above --nodes).")
+  weights: str = _f("uniform", "Pull/push weights: uniform over a node's neighbours and itself, "
+                    "or speed (in proportion to each node's speed, 1 / slowdown: a slow node's "
+                    "stale copy counts less, and less tracker mass waits at a slow node).")
   features: int = _f(0, "Feature dimension d; 0 means the data's default (random_mdp 20, "
                      "mountain_car 300).")
   states: int = _f(50, "States of the random MDP.")
@@ -60,6 +70,10 @@ class PolicyEvalConfig:
   rho: float = _f(0.01, "Ridge coefficient rho of the MSPBE.")
   alpha: float = _f(20.0, "Primal step per pass over a node's rows (node i steps alpha / M_i).")
   beta: float = _f(160.0, "Dual step per pass over a node's rows (node i steps beta / M_i).")
+  pull_lag: float = _f(0.0, "Async: multiply node i's primal step by 1 + (1 - a_ii) * this, to "
+                       "make up for the pull's averaging with in-neighbours' copies that are "
+                       "this many activations behind (1.5-2 measured best with equal node "
+                       "speeds; the same value for every N); 0: off.")
   sampling: str = _f("uniform", "SAG row choice: uniform (SAG) or cyclic (IAG).")
   mode: str = _f("async", f"Method: {', '.join(MODES)} (centralized: one node, all data).")
   runtime: str = _f("simulated", f"Where nodes run: {', '.join(RUNTIMES)}.")
@@ -84,13 +98,15 @@ class PolicyEvalConfig:
       value = getattr(self, name)
       if not (_is_int(value) and value >= 1):
         raise ConfigError(name, value, "must be an integer >= 1")
-    for name in ("features", "stragglers", "seed"):
+    for name in ("features", "stragglers", "seed", "shards"):
       value = getattr(self, name)
       if not (_is_int(value) and value >= 0):
         raise ConfigError(name, value, "must be an integer >= 0")
     self._choice("topology", TOPOLOGIES)
     self._choice("data", DATA)
     self._choice("split", SPLITS)
+    self._choice("allocation", ALLOCATIONS)
+    self._choice("weights", WEIGHTS)
     self._choice("sampling", SAMPLINGS)
     self._choice("mode", MODES)
     self._choice("runtime", RUNTIMES)
@@ -102,7 +118,7 @@ class PolicyEvalConfig:
       value = getattr(self, name)
       if not (_is_num(value) and value > 0):
         raise ConfigError(name, value, "must be a number > 0")
-    for name in ("delay", "max_time"):
+    for name in ("delay", "max_time", "pull_lag"):
       value = getattr(self, name)
       if not (_is_num(value) and value >= 0):
         raise ConfigError(name, value, "must be a number >= 0")
@@ -119,6 +135,18 @@ class PolicyEvalConfig:
     if self.split == "parallel" and self.nodes > self.samples:
       raise ConfigError("nodes", self.nodes, f"larger than the data (--samples={self.samples}); "
                         "with --split=parallel each node needs at least one transition")
+    if self.shards and self.split == "parallel" and self.shards < self.nodes:
+      raise ConfigError("shards", self.shards, f"must be 0 or >= --nodes={self.nodes} (every "
+                        "node holds at least one shard)")
+    if self.split == "parallel" and self.shards > self.samples:
+      raise ConfigError("shards", self.shards, f"larger than the data (--samples={self.samples})"
+                        "; each shard needs at least one transition")
+    if self.split == "multi_agent" and self.shards not in (0, self.nodes):
+      raise ConfigError("shards", self.shards, "must be 0 with --split=multi_agent (each node's "
+                        "data carries its own rewards and cannot be resharded)")
+    if self.split == "multi_agent" and self.allocation != "uniform":
+      raise ConfigError("allocation", self.allocation, "must be uniform with "
+                        "--split=multi_agent (each node's data carries its own rewards)")
     if self.mode == "sync" and self.drop_prob > 0:
       raise ConfigError("drop_prob", self.drop_prob,
                         "must be 0 with --mode=sync (a synchronous round waits for every message)")
@@ -155,6 +183,20 @@ class PolicyEvalConfig:
     """Per-node compute-time factors: the first `stragglers` nodes are slow."""
     return tuple(float(self.straggler_slowdown) if i < self.stragglers else 1.0
                  for i in range(self.nodes))
+
+  @property
+  def speeds(self) -> tuple[float, ...] | None:
+    """Relative node speeds the data allocation follows: None (uniform) or 1 / slowdown."""
+    if self.allocation == "uniform":
+      return None
+    return tuple(1.0 / s for s in self.slowdowns)
+
+  @property
+  def weight_speeds(self) -> tuple[float, ...] | None:
+    """Relative node speeds the pull/push weights follow: None (uniform) or 1 / slowdown."""
+    if self.weights == "uniform":
+      return None
+    return tuple(1.0 / s for s in self.slowdowns)
 
   @staticmethod
   def flag_fields() -> dict[str, dataclasses.Field]:

@@ -28,14 +28,15 @@ def make_problem(config: PolicyEvalConfig) -> problem_lib.Problem:
     from jaxrl_async.decentralized.mountain_car import mountain_car  # imports EnvPool
 
     return mountain_car(config.seed, config.nodes, config.samples, config.gamma, config.rho,
-                        config.split)
+                        config.split, config.shards, config.speeds)
   return problem_lib.random_mdp(config.seed, config.nodes, config.samples, config.dim,
-                                config.states, config.gamma, config.rho, config.split)
+                                config.states, config.gamma, config.rho, config.split,
+                                config.shards, config.speeds)
 
 
 def make_graph(config: PolicyEvalConfig) -> graphs.Graph:
   return graphs.make(config.topology, config.nodes, config.out_degree, config.seed,
-                     config.edges)
+                     config.edges, config.weight_speeds)
 
 
 def make_timing(config: PolicyEvalConfig) -> Timing:
@@ -53,16 +54,17 @@ def run(config: PolicyEvalConfig, problem: problem_lib.Problem | None = None,
 
     return run_processes(problem, graph, config.alpha, config.beta, config.sampling,
                          config.seed, config.tol, config.max_wall_s, config.slowdowns,
-                         on_record=on_record)
+                         on_record=on_record, pull_lag=config.pull_lag)
   from jaxrl_async.decentralized import simulator
 
   sim = simulator.build(problem, graph, config.mode, make_timing(config), config.alpha,
-                        config.beta, config.sampling, config.seed)
+                        config.beta, config.sampling, config.seed, pull_lag=config.pull_lag)
   return simulator.run(sim, config.tol, config.max_updates, config.max_time or math.inf,
                        config.max_wall_s, on_record=on_record)
 
 
-def summary(config: PolicyEvalConfig, result: RunResult) -> dict[str, Any]:
+def summary(config: PolicyEvalConfig, result: RunResult, problem: problem_lib.Problem
+            ) -> dict[str, Any]:
   """The headline numbers of a run, JSON-ready."""
   clock = "wall_s" if config.runtime == "processes" else "virtual_time"
   out = {
@@ -78,6 +80,8 @@ def summary(config: PolicyEvalConfig, result: RunResult) -> dict[str, Any]:
       "updates_to": {f"{t:g}": result.updates_to(t)
                      for t in sorted(result.crossings, reverse=True)},
       "theta_star_norm": float(np.linalg.norm(result.theta_star)),
+      "rows_per_node": [int(c) for c in problem.count],
+      "shards": problem.shards,
       "config": config.to_dict(),
   }
   out.update({k: v for k, v in result.extra.items() if isinstance(v, int | float | list)})

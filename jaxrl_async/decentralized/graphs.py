@@ -10,6 +10,14 @@ Along an edge j -> i travel both of the algorithm's channels: i *pulls* j's para
 
 Both have positive diagonals, and both are irreducible exactly when the graph is strongly
 connected, which every constructor here checks (`GraphError` otherwise).
+
+Weights are uniform over a node's neighbours and itself, or, given relative node speeds
+(`Graph.with_speeds`), in proportion to the speed of the node they refer to: i pulls j's copy
+with weight ~ v_j (a slow node's copy is old by the time it is read, and a slow node itself
+mostly adopts its neighbours' fresher average), and j pushes to i a share ~ v_i of its tracker
+(mass pushed to a slow node waits unread until it next activates, and a slow node keeps little
+of its own). Any such weights are still row- / column-stochastic with positive diagonals, so
+the fixed point, theta*, and the mass invariant are unchanged.
 """
 
 from __future__ import annotations
@@ -32,10 +40,12 @@ class Graph:
   Attributes:
     adj: [n, n] bool, `adj[i, j]` means edge j -> i. No self-loops (self-weights are implicit).
     name: a short description for logs.
+    speeds: () for uniform weights, or [n] relative node speeds the weights follow.
   """
 
   adj: np.ndarray
   name: str = "custom"
+  speeds: tuple[float, ...] = ()
 
   def __post_init__(self):
     adj = np.asarray(self.adj, dtype=bool)
@@ -45,6 +55,10 @@ class Graph:
     np.fill_diagonal(adj, False)
     adj.setflags(write=False)
     object.__setattr__(self, "adj", adj)
+    speeds = tuple(float(v) for v in self.speeds)
+    if speeds and (len(speeds) != adj.shape[0] or not all(0 < v < np.inf for v in speeds)):
+      raise GraphError(f"speeds must be {adj.shape[0]} numbers > 0, got {speeds}")
+    object.__setattr__(self, "speeds", speeds)
     unreachable = _unreachable_from_all(adj)
     if unreachable:
       raise GraphError(f"graph {self.name!r} with {self.n} nodes is not strongly connected: "
@@ -69,14 +83,21 @@ class Graph:
   def max_out_degree(self) -> int:
     return int(self.adj.sum(axis=0).max())
 
+  def with_speeds(self, speeds: tuple[float, ...] | np.ndarray | None) -> Graph:
+    """The same graph with weights that follow relative node speeds (None: uniform)."""
+    return dataclasses.replace(self, speeds=() if speeds is None else tuple(speeds))
+
+  def _speeds(self) -> np.ndarray:
+    return np.asarray(self.speeds) if self.speeds else np.ones(self.n)
+
   def pull_matrix(self) -> np.ndarray:
-    """[n, n] row-stochastic A: a_ij = 1 / (in-degree(i) + 1) on i's in-neighbours and i."""
-    a = self.adj.astype(np.float64) + np.eye(self.n)
+    """[n, n] row-stochastic A: a_ij ~ v_j on i's in-neighbours and i (uniform: all v = 1)."""
+    a = (self.adj.astype(np.float64) + np.eye(self.n)) * self._speeds()[None, :]
     return a / a.sum(axis=1, keepdims=True)
 
   def push_matrix(self) -> np.ndarray:
-    """[n, n] column-stochastic B: b_ij = 1 / (out-degree(j) + 1) on j's out-neighbours and j."""
-    b = self.adj.astype(np.float64) + np.eye(self.n)
+    """[n, n] column-stochastic B: b_ij ~ v_i on j's out-neighbours and j (uniform: v = 1)."""
+    b = (self.adj.astype(np.float64) + np.eye(self.n)) * self._speeds()[:, None]
     return b / b.sum(axis=0, keepdims=True)
 
   def slot_tables(self) -> dict[str, np.ndarray]:
@@ -196,17 +217,21 @@ def parse_edges(text: str) -> list[tuple[int, int]]:
                      "'0-1,1-2,2-0'") from None
 
 
-def make(topology: str, n: int, out_degree: int = 2, seed: int = 0, edges: str = "") -> Graph:
-  """The named topology: one of `TOPOLOGIES` ('custom' takes `edges`, see `parse_edges`)."""
+def make(topology: str, n: int, out_degree: int = 2, seed: int = 0, edges: str = "",
+         speeds: tuple[float, ...] | None = None) -> Graph:
+  """The named topology: one of `TOPOLOGIES` ('custom' takes `edges`, see `parse_edges`);
+  weights follow `speeds` when given (see `Graph.with_speeds`)."""
   if topology == "custom":
-    return from_edges(n, parse_edges(edges), f"--edges={edges}")
-  if topology == "ring":
-    return directed_ring(n)
-  if topology == "exponential":
-    return exponential(n)
-  if topology == "random":
-    return random_strongly_connected(n, out_degree, seed)
-  raise GraphError(f"--topology={topology!r}: must be one of {', '.join(TOPOLOGIES)}")
+    graph = from_edges(n, parse_edges(edges), f"--edges={edges}")
+  elif topology == "ring":
+    graph = directed_ring(n)
+  elif topology == "exponential":
+    graph = exponential(n)
+  elif topology == "random":
+    graph = random_strongly_connected(n, out_degree, seed)
+  else:
+    raise GraphError(f"--topology={topology!r}: must be one of {', '.join(TOPOLOGIES)}")
+  return graph.with_speeds(speeds)
 
 
 def _check_n(n: int) -> None:

@@ -71,7 +71,8 @@ def collect(samples: int, seed: int, num_envs: int = 8, epsilon: float = 0.1
 
 
 def mountain_car(seed: int, nodes: int, samples: int, gamma: float = 0.9, rho: float = 0.01,
-                 split: str = "parallel") -> Problem:
+                 split: str = "parallel", shards: int = 0, speeds: np.ndarray | None = None
+                 ) -> Problem:
   """The Mountain Car problem: d = 300, split over `nodes` (see `problem.split_rows`).
 
   'multi_agent' shares the states and gives node i the local reward r + u_i (position + 0.5),
@@ -85,5 +86,7 @@ def mountain_car(seed: int, nodes: int, samples: int, gamma: float = 0.9, rho: f
   if split == "multi_agent":
     u = np.random.default_rng(seed + 1).uniform(-1.0, 1.0, size=(nodes, 1))
     local_r = data["reward"][None, :] + u * (data["obs"][None, :, 0] + 0.5)
-  name = f"mountain_car(tiles d=300, M={samples}, {split}, seed={seed})"
-  return split_rows(phi, psi, data["reward"], nodes, split, rho, name, local_r=local_r)
+  sharded = f", K={shards}" if shards not in (0, nodes) else ""
+  name = f"mountain_car(tiles d=300, M={samples}, {split}{sharded}, seed={seed})"
+  return split_rows(phi, psi, data["reward"], nodes, split, rho, name, local_r=local_r,
+                    shards=shards, speeds=speeds)

@@ -207,59 +207,95 @@ def _sampling(sampling: str) -> bool:
 
 
 def network_consts(problem: Problem, graph: Graph, alpha: float, beta: float,
-                   sampling: str = "uniform", seed: int = 0) -> NodeConst:
-  """Stacked [N, ...] constants of the decentralised network (one dual block per node).
+                   sampling: str = "uniform", seed: int = 0, synchronous: bool = False,
+                   pull_lag: float = 0.0) -> NodeConst:
+  """Stacked [N, ...] constants of the decentralised network (one dual block per shard held).
 
   `alpha` and `beta` are steps per pass over a node's rows: node i steps alpha / (M_i + ROWS_0)
   and beta / (M_i + ROWS_0) per activation. The SAG means lag the iterate by about M_i
   activations, and a primal-dual (rotating) iteration with that lag is stable only while
   step * M_i stays below a constant; so per-pass steps carry over between data sizes and node
   counts (measured: the best steps of one node scale as 1 / M from M = 400 to 1600).
+
+  With K shards over N nodes (`Problem.shard`), node i holds B_i of them: its gradient is the
+  sum of B_i shard means and its ridge B_i rho, so the network's summed gradient is K / N times
+  that of one shard per node, and the primal step carries a factor N / K. Each dual block is
+  stepped only when one of its rows is drawn and its table lags by its own rows, so the dual
+  step is per pass over a shard, beta / (M_s + ROWS_0) with M_s = M_i / B_i; ROWS_0 is counted
+  per shard in the primal too, alpha (N / K) / (M_i + ROWS_0 B_i), which keeps the dual's
+  speed relative to the primal's at beta / alpha whatever B_i is. NOTE: with ROWS_0 counted
+  once per node instead, that ratio falls to (M_i + ROWS_0) / (M_i + ROWS_0 B_i) of it; measured,
+  one node holding 6 shards of 80 rows then diverged at alpha, beta = 20, 160 and 3 nodes
+  holding 2 each stalled at 3e-5, while this rule converges in the same 184k events for any N.
+  With K = N both are the per-node steps above. Steps differ from node to node, which
+  push-pull allows: its fixed point does not depend on them.
+
+  `synchronous`: every node's primal step uses the largest M_j instead of its own M_i. In
+  rounds every node activates equally often, so the gradient mass it steps along lags by the
+  slowest-refreshing table in the network, max_j M_j rounds; its own M_i is that lag only when
+  nodes activate in proportion to their rows, as in the asynchronous network with a speed
+  allocation. Measured: with the speed allocation (one 10x straggler holding 160 rows, others
+  1760-1920) the own-rows step diverged in rounds. Equal rows: no difference.
+
+  `pull_lag` L: node i's primal step is multiplied by 1 + (1 - a_ii) L. Why: the pull averages
+  the node's own iterate with in-neighbours' copies that are behind; if every iterate drifts by
+  v per activation and the copies are L activations behind, the pull takes back (1 - a_ii) L v
+  and the drift settles at v / (1 + (1 - a_ii) L): the asynchronous network takes a smaller
+  step than one node, which needs no such factor (a_ii = 1). In the simulated network a held
+  copy is 1 + delay / compute_time = 1.2 of its sender's activations behind (measured), about
+  0.7 behind the node's own iterate; the loss measured is larger (see BUILD_NOTES), and
+  L = 1.5-2 restores the efficiency. Meant for nodes of equal speed: a slow in-neighbour's
+  copy is further behind than L. 0 (the default) leaves the steps as they are.
   """
   if graph.n != problem.nodes:
     raise ValueError(f"graph has {graph.n} nodes but the problem {problem.nodes}")
-  n, m = problem.nodes, problem.rows
+  n = problem.nodes
   slots = graph.slot_tables()
   keys = np.stack([np.asarray(jax.random.key_data(jax.random.key(seed * 1_000_003 + i)))
                    for i in range(n)])
-  full = lambda x: np.full(n, x, np.float64)
+  held = problem.shards_per_node()
+  lag_rows = np.full(n, problem.count.max()) if synchronous else problem.count
+  pull_gain = 1.0 + (1.0 - slots["pull_self"]) * pull_lag
   return NodeConst(
-      phi=problem.phi, psi=problem.psi, r=problem.r, block=np.zeros((n, m), np.int64),
-      weight=problem.mask() / problem.count[:, None], count=problem.count.copy(),
+      phi=problem.phi, psi=problem.psi, r=problem.r, block=problem.local_block(),
+      weight=problem.row_weight(), count=problem.count.copy(),
       pull_self=slots["pull_self"], pull_in=slots["pull_in"],
       push_self=slots["push_self"], push_out=slots["push_out"],
-      alpha=alpha / (problem.count + ROWS_0), beta=beta / (problem.count + ROWS_0),
-      rho=full(problem.rho),
+      alpha=alpha * pull_gain * (n / problem.shards) / (lag_rows + ROWS_0 * held),
+      beta=beta / (problem.count / held + ROWS_0),
+      rho=problem.rho * held.astype(np.float64),
       uniform=np.full(n, _sampling(sampling)), key=keys.astype(np.uint32),
       row0=np.zeros(n, np.int64))
 
 
 def centralized_const(problem: Problem, alpha: float, beta: float, sampling: str = "uniform",
                       seed: int = 0) -> NodeConst:
-  """Stacked [1, ...] constants of one node holding every node's rows, one dual block each.
+  """Stacked [1, ...] constants of one node holding every shard's rows, one dual block each.
 
   It minimises the same objective as the network, so it reaches the same theta*. One event
   does the work of one node activation: one row, one dual step on that row's block, and a
-  primal step of alpha_i / N along the average gradient, since the network's average moves by
-  about alpha_i times the average gradient per N activations (one such step per node). Its
-  tracker is the sum of the N blocks' gradients, N times their average: hence alpha_i / N^2,
-  with alpha_i = alpha / (M + ROWS_0) a node's per-activation step and M the mean block size;
-  each block's dual step is beta / (M + ROWS_0), as on a node.
+  primal step of alpha_i / N along the average node gradient, since the network's average moves
+  by about alpha_i times that per N activations (one such step per node). Its tracker is the
+  sum of the K shards' gradients, K times their average: hence alpha_i / (N K), with
+  alpha_i = alpha / (M + ROWS_0 K / N) a node's per-activation step (`network_consts`, M the
+  mean rows per node); each shard's dual step is beta / (M_s + ROWS_0), as on a node (M_s the
+  mean shard size). Both reduce to alpha / (K (M_all + ROWS_0 K)) and beta / (M_s + ROWS_0):
+  the reference does not depend on how many nodes the shards are spread over.
   """
-  n = problem.nodes
+  n, k = problem.nodes, problem.shards
   valid = problem.mask().astype(bool)
   rows = lambda x: x[valid][None]
-  block = np.broadcast_to(np.arange(n)[:, None], valid.shape)
-  weight = (1.0 / problem.count)[:, None] * np.ones(valid.shape)
-  pass_rows = float(problem.count.mean()) + ROWS_0
+  pass_rows = float(problem.count.mean() + ROWS_0 * k / n)
+  shard_rows = float(problem.shard_rows().mean()) + ROWS_0
   key = np.asarray(jax.random.key_data(jax.random.key(seed)))[None].astype(np.uint32)
   one = lambda x: np.array([x], np.float64)
   return NodeConst(
-      phi=rows(problem.phi), psi=rows(problem.psi), r=rows(problem.r), block=rows(block),
-      weight=rows(weight), count=np.array([valid.sum()]),
+      phi=rows(problem.phi), psi=rows(problem.psi), r=rows(problem.r),
+      block=rows(problem.shard), weight=rows(problem.row_weight()),
+      count=np.array([valid.sum()]),
       pull_self=one(1.0), pull_in=np.zeros((1, 1)), push_self=one(1.0), push_out=np.zeros((1, 1)),
-      alpha=one(alpha / pass_rows / n**2), beta=one(beta / pass_rows),
-      rho=one(n * problem.rho),
+      alpha=one(alpha / pass_rows / (n * k)), beta=one(beta / shard_rows),
+      rho=one(k * problem.rho),
       uniform=np.array([_sampling(sampling)]), key=key, row0=np.zeros(1, np.int64))
 
 

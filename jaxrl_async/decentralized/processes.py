@@ -193,7 +193,7 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
                   sampling: str = "uniform", seed: int = 0, tol: float = 1e-10,
                   max_wall_s: float = 120.0, slowdowns: tuple[float, ...] = (),
                   report_every_s: float = 0.02, divergence: float = 1e6,
-                  on_record=None):
+                  on_record=None, pull_lag: float = 0.0):
   """Run the asynchronous method with one process per node; returns a `simulator.RunResult`
   whose `time` is wall seconds since the nodes started and whose k is the sum of activations.
 
@@ -205,7 +205,8 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
   from jaxrl_async.decentralized.simulator import DivergenceError, RunResult
 
   theta_star = problem.theta_star()
-  consts = node_lib.network_consts(problem, graph, alpha, beta, sampling, seed)
+  consts = node_lib.network_consts(problem, graph, alpha, beta, sampling, seed,
+                                   pull_lag=pull_lag)
   init = node_lib.init_state(consts)
   slots = graph.slot_tables()
   n = graph.n

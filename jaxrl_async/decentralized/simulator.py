@@ -239,14 +239,20 @@ class Simulation:
 
 
 def build(problem: Problem, graph: Graph | None, mode: str, timing: Timing, alpha: float,
-          beta: float, sampling: str = "uniform", seed: int = 0, chunk: int = 4096
-          ) -> Simulation:
-  """A `Simulation` of `mode` ('async', 'sync' or 'centralized') on this problem."""
+          beta: float, sampling: str = "uniform", seed: int = 0, chunk: int = 4096,
+          pull_lag: float = 0.0) -> Simulation:
+  """A `Simulation` of `mode` ('async', 'sync' or 'centralized') on this problem.
+
+  `pull_lag` (see `node.network_consts`) applies to 'async' only: in rounds every copy a node
+  pulls is exactly as old as its own iterate, so there is no lag to make up for.
+  """
   theta_star = problem.theta_star()
   if mode == "centralized":
     consts = node_lib.centralized_const(problem, alpha, beta, sampling, seed)
     return Simulation(consts, None, CentralSchedule(timing, chunk), theta_star)
-  consts = node_lib.network_consts(problem, graph, alpha, beta, sampling, seed)
+  consts = node_lib.network_consts(problem, graph, alpha, beta, sampling, seed,
+                                   synchronous=mode == "sync",
+                                   pull_lag=pull_lag if mode == "async" else 0.0)
   if mode == "async":
     return Simulation(consts, graph, AsyncSchedule(graph, timing, chunk), theta_star)
   if mode == "sync":

@@ -7,9 +7,15 @@ Tables (rows are JSON objects with a `table` key):
              relative error, fitted c (error ~ c^k), consensus error, distance between methods.
   speedup    virtual time to relative error 1e-6 for N = 1, 2, 4, 8, 16 on the same data split
              N ways (random MDP, d = 20, exponential graph); primal step alpha in {20, 40} per
-             pass (beta = 160): each N's best, and parallel efficiency T(1) / (N T(N)).
-  stragglers N = 8, node 0 ten times slower: time to 1e-6 of async (alpha 20 and 40) and sync
-             push-pull (alpha 20), with and without the straggler, and the growth factor.
+             pass (beta = 160): each N's best, and parallel efficiency T(1) / (N T(N)); and
+             one fixed alpha = 20 for every N with --pull_lag L in {1.2, 2} (node i's step
+             times 1 + (1 - a_ii) L; L = 1.2 is the measured staleness of a held copy).
+  stragglers N = 8, node 0 ten times slower: time to 1e-6 of async and sync push-pull (alpha 20
+             and 40) with and without the straggler, and the growth factor, for one shard per
+             node (the per-node problem; nothing can move) and for K = 80 shards spread
+             uniformly or by speed (--allocation=speed --weights=speed, the remedy). theta*
+             depends on the shards only, so all rows with the same K solve the same problem;
+             "no straggler" is the uniform allocation (speed with equal speeds is the same).
   processes  the real runtime (one OS process per node, ZeroMQ) with 2 and 4 nodes: wall time
              to 1e-6 and the distance to the simulator's theta*.
 Virtual time is deterministic; wall times depend on the machine and its load.
@@ -27,31 +33,41 @@ import numpy as np
 from tools.bench_common import Progress, SuiteResult, md_table
 
 SIZES = {  # total samples of the speed-up / straggler problems, and the real-runtime problem
-    "full": {"speedup_samples": 12800, "straggler_samples": 3200, "rate_samples": 1600,
-             "process_samples": 1600, "nodes": (1, 2, 4, 8, 16), "process_nodes": (2, 4)},
-    "quick": {"speedup_samples": 2400, "straggler_samples": 1200, "rate_samples": 800,
-              "process_samples": 800, "nodes": (1, 2, 4, 8, 16), "process_nodes": (2, 4)},
-    "tiny": {"speedup_samples": 400, "straggler_samples": 800, "rate_samples": 240,
-             "process_samples": 200, "nodes": (1, 2, 4), "process_nodes": (2,)},
+    # Straggler shards: a 10x straggler's quota of K shards is K / 71, so K = 80 gives it one
+    # and the others 11-12 (within 6% of equal pass times); shards need about 80+ rows, below
+    # that C_s is ill-conditioned and the default steps are at their edge (measured at 40).
+    "full": {"speedup_samples": 12800, "straggler_samples": 12800, "straggler_shards": 80,
+             "rate_samples": 1600, "process_samples": 1600, "nodes": (1, 2, 4, 8, 16),
+             "process_nodes": (2, 4)},
+    "quick": {"speedup_samples": 2400, "straggler_samples": 6400, "straggler_shards": 80,
+              "rate_samples": 800, "process_samples": 800, "nodes": (1, 2, 4, 8, 16),
+              "process_nodes": (2, 4)},
+    "tiny": {"speedup_samples": 400, "straggler_samples": 800, "straggler_shards": 0,
+             "rate_samples": 240, "process_samples": 200, "nodes": (1, 2, 4),
+             "process_nodes": (2,)},
 }
 ALPHAS = (20.0, 40.0)
+PULL_LAGS = (1.2, 2.0)  # with alpha = ALPHAS[0]
 BETA = 160.0
 STRAGGLER_NODES, SLOWDOWN = 8, 10.0
 
 
-def _problem(samples: int, nodes: int, features: int = 20):
+def _problem(samples: int, nodes: int, features: int = 20, shards: int = 0, speeds=None):
   from jaxrl_async.decentralized.problem import random_mdp
 
-  return random_mdp(0, nodes, samples, features, states=50 if features == 20 else 20)
+  return random_mdp(0, nodes, samples, features, states=50 if features == 20 else 20,
+                    shards=shards, speeds=speeds)
 
 
 def _simulate(problem, nodes: int, mode: str, alpha: float, tol: float, slowdown=(),
-              max_time: float = math.inf, max_updates: int = 30_000_000):
+              max_time: float = math.inf, max_updates: int = 60_000_000, speeds=None,
+              pull_lag: float = 0.0):
   from jaxrl_async.decentralized import graphs, simulator
   from jaxrl_async.decentralized.schedule import Timing
 
-  graph = graphs.exponential(nodes) if mode != "centralized" else None
-  sim = simulator.build(problem, graph, mode, Timing(slowdown=slowdown), alpha, BETA)
+  graph = graphs.exponential(nodes).with_speeds(speeds) if mode != "centralized" else None
+  sim = simulator.build(problem, graph, mode, Timing(slowdown=slowdown), alpha, BETA,
+                        pull_lag=pull_lag)
   return simulator.run(sim, tol=tol, max_updates=max_updates, max_time=max_time)
 
 
@@ -97,6 +113,19 @@ def speedup_rows(size: dict[str, Any], progress: Progress) -> list[dict[str, Any
         row[key] = None
         row[f"note_alpha{alpha:g}"] = type(e).__name__
       progress.step(f"speedup N={n} alpha={alpha:g}: T={row[key]}")
+    for lag in PULL_LAGS:  # one node has no in-neighbours: the factor is 1 there
+      key = f"T_lag{lag:g}"
+      if n == 1:
+        row[key] = row[f"T_alpha{ALPHAS[0]:g}"]
+        continue
+      try:
+        r = _simulate(problem, n, "async", ALPHAS[0], 1e-6, pull_lag=lag,
+                      max_time=3.0 * rows[0][f"T_alpha{ALPHAS[0]:g}"] / n
+                      if rows and rows[0].get(f"T_alpha{ALPHAS[0]:g}") else math.inf)
+        row[key] = r.time_to(1e-6)
+      except Exception as e:  # noqa: BLE001 - a diverging step is a result, not a crash
+        row[key], row[f"note_lag{lag:g}"] = None, type(e).__name__
+      progress.step(f"speedup N={n} alpha={ALPHAS[0]:g} pull_lag={lag:g}: T={row[key]}")
     times = {a: row[f"T_alpha{a:g}"] for a in ALPHAS if row.get(f"T_alpha{a:g}")}
     if times:
       best = min(times, key=times.get)
@@ -113,30 +142,51 @@ def speedup_rows(size: dict[str, Any], progress: Progress) -> list[dict[str, Any
       row["speedup_best"] = t1_best / row["T_best"]
     if t1_20 and row.get(f"T_alpha{ALPHAS[0]:g}"):
       row["efficiency_alpha20"] = t1_20 / (n * row[f"T_alpha{ALPHAS[0]:g}"])
+    for lag in PULL_LAGS:
+      if t1_20 and row.get(f"T_lag{lag:g}"):
+        row[f"efficiency_lag{lag:g}"] = t1_20 / (n * row[f"T_lag{lag:g}"])
   return rows
 
 
 def straggler_rows(size: dict[str, Any], progress: Progress) -> list[dict[str, Any]]:
-  n = STRAGGLER_NODES
-  problem = _problem(size["straggler_samples"], n)
+  n, samples = STRAGGLER_NODES, size["straggler_samples"]
+  slow = (SLOWDOWN,) + (1.0,) * (n - 1)
+  speeds = tuple(1.0 / s for s in slow)
+  variants = [(0, "uniform")]  # (shards, allocation and weights); 0: one shard per node
+  if size["straggler_shards"]:
+    variants += [(size["straggler_shards"], "uniform"), (size["straggler_shards"], "speed")]
   rows = []
-  for mode, alpha in (("async", ALPHAS[0]), ("async", ALPHAS[1]), ("sync", ALPHAS[0])):
-    row: dict[str, Any] = {"table": "stragglers", "mode": mode, "nodes": n,
-                           "slowdown": SLOWDOWN, "alpha": alpha,
-                           "rows_per_node": int(problem.count[0])}
-    for label, slow in (("T_no_straggler", ()), ("T_one_straggler",
-                                                 (SLOWDOWN,) + (1.0,) * (n - 1))):
-      try:
-        r = _simulate(problem, n, mode, alpha, 1e-6, slowdown=slow)
-        row[label] = r.time_to(1e-6)
-      except Exception as e:  # noqa: BLE001 - a diverging step is a result, not a crash
-        row[label], row["note"] = None, type(e).__name__
-      progress.step(f"stragglers {mode} alpha={alpha:g} {label}: {row[label]}")
-    if row["T_no_straggler"] and row["T_one_straggler"]:
-      row["growth"] = row["T_one_straggler"] / row["T_no_straggler"]
-    else:
-      row["error"] = "did not reach 1e-6"
-    rows.append(row)
+  for mode in ("async", "sync"):
+    for alpha in ALPHAS:
+      base: dict[int, float | None] = {}
+      for shards, alloc in variants:
+        row: dict[str, Any] = {"table": "stragglers", "mode": mode, "nodes": n,
+                               "slowdown": SLOWDOWN, "alpha": alpha, "samples": samples,
+                               "shards": shards or n, "allocation": alloc, "weights": alloc}
+        if shards not in base:  # no straggler: equal speeds, so uniform == speed
+          try:
+            r = _simulate(_problem(samples, n, shards=shards), n, mode, alpha, 1e-6)
+            base[shards] = r.time_to(1e-6)
+          except Exception as e:  # noqa: BLE001 - a diverging step is a result, not a crash
+            base[shards], row["note"] = None, f"no straggler: {type(e).__name__}"
+          progress.step(f"stragglers {mode} alpha={alpha:g} K={shards or n}: none {base[shards]}")
+        problem = _problem(samples, n, shards=shards, speeds=speeds if alloc == "speed" else None)
+        row["rows_straggler"] = int(problem.count[0])
+        row["rows_other"] = int(problem.count[1:].max())
+        row["T_no_straggler"] = base[shards]
+        try:
+          r = _simulate(problem, n, mode, alpha, 1e-6, slowdown=slow,
+                        speeds=speeds if alloc == "speed" else None)
+          row["T_one_straggler"] = r.time_to(1e-6)
+        except Exception as e:  # noqa: BLE001 - a diverging step is a result, not a crash
+          row["T_one_straggler"], row["note"] = None, type(e).__name__
+        progress.step(f"stragglers {mode} alpha={alpha:g} K={shards or n} {alloc}: "
+                      f"{row['T_one_straggler']}")
+        if row["T_no_straggler"] and row["T_one_straggler"]:
+          row["growth"] = row["T_one_straggler"] / row["T_no_straggler"]
+        else:
+          row["error"] = "did not reach 1e-6"
+        rows.append(row)
   return rows
 
 
@@ -196,7 +246,10 @@ def plot_speedup(rows: list[dict[str, Any]], out_dir: Path) -> str:
 def run(out_dir: Path, quick: bool, tiny: bool = False) -> SuiteResult:
   out_dir.mkdir(parents=True, exist_ok=True)
   size = SIZES["tiny" if tiny else "quick" if quick else "full"]
-  steps = 3 + 2 * len(size["nodes"]) + 6 + len(size["process_nodes"])
+  variants = 3 if size["straggler_shards"] else 1
+  steps = (3 + (len(ALPHAS) + len(PULL_LAGS)) * len(size["nodes"]) - len(PULL_LAGS)
+           + 2 * len(ALPHAS) * (variants + (2 if variants > 1 else 1))
+           + len(size["process_nodes"]))
   progress = Progress(steps, "decentralized")
   rate, plots = rate_rows(size, out_dir, progress)
   speed = speedup_rows(size, progress)
@@ -211,16 +264,18 @@ def run(out_dir: Path, quick: bool, tiny: bool = False) -> SuiteResult:
       f"(beta = {BETA:g})\n\n"
       + md_table(speed, ["nodes", "rows_per_node", f"T_alpha{ALPHAS[0]:g}",
                          f"T_alpha{ALPHAS[1]:g}", "alpha_best", "T_best", "speedup_best",
-                         "efficiency_best", "efficiency_alpha20"])
+                         "efficiency_best", "efficiency_alpha20"]
+                + [c for lag in PULL_LAGS for c in (f"T_lag{lag:g}", f"efficiency_lag{lag:g}")])
       + f"\n## Stragglers: N = {STRAGGLER_NODES}, node 0 {SLOWDOWN:g}x slower, "
-      f"{size['straggler_samples']} samples, virtual time to 1e-6\n\n"
-      + md_table(strag, ["mode", "alpha", "rows_per_node", "T_no_straggler", "T_one_straggler",
-                         "growth"])
+      f"{size['straggler_samples']} samples, virtual time to 1e-6 (allocation = weights)\n\n"
+      + md_table(strag, ["mode", "alpha", "shards", "allocation", "rows_straggler",
+                         "rows_other", "T_no_straggler", "T_one_straggler", "growth", "note"])
       + "\n## Real processes (ZeroMQ, one OS process per node), wall time to 1e-6\n\n"
       + md_table(procs, ["nodes", "problem", "wall_s_to_1e-6", "updates", "updates_per_s",
                          "final_rel_error", "max_rel_dist_to_theta_star", "dropped_sends",
                          "error"]))
   return SuiteResult(rows=rate + speed + strag + procs, tables_md=tables,
                      config={"sizes": size, "alphas": ALPHAS, "beta": BETA,
+                             "pull_lags": PULL_LAGS,
                              "straggler_nodes": STRAGGLER_NODES, "slowdown": SLOWDOWN},
                      plots=plots)
