@@ -7,11 +7,12 @@ from typing import Any
 PRESETS: dict[str, dict[str, Any]] = {
     "cartpole_impala": dict(
         # V-trace corrects both the lag and the reuse of 4 epochs x 2 minibatches; reuse makes
-        # IMPALA about 4x more sample-efficient here (BUILD_NOTES.md, "CartPole defaults").
+        # IMPALA about 4x more sample-efficient here, and APPO's ratio clip keeps the reuse
+        # from collapsing the policy (BUILD_NOTES.md, "The spine on CartPole-v1").
         algo="impala", env_id="CartPole-v1", num_actors=2, num_envs=16, rollout_len=16,
         max_policy_lag=1, learning_rate=1e-3, discount=0.99, vtrace_lambda=0.95,
         entropy_coef=0.01, hidden_sizes="64,64", num_epochs=4, num_minibatches=2,
-        total_env_steps=1_000_000, stop_at_return=475.0),
+        clip_eps=0.2, total_env_steps=1_000_000, stop_at_return=475.0),
     # RL-Zoo's CartPole PPO (PAPERS.md): synchronous (K = 0), 8 envs x 32 steps, one minibatch
     # of 256, 20 epochs, lr and clip annealed linearly, no entropy bonus. RL-Zoo anneals over
     # 100k steps; here over 200k (notes/algos.md: 100k left 1 seed of 3 unsolved).

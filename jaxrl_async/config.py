@@ -89,6 +89,9 @@ class ActorConfig:
     _positive(self, "num_actors", "rollout_len")
 
 
+LAG_WEIGHTINGS = ("off", "inverse", "exp")
+
+
 @dataclasses.dataclass(frozen=True)
 class RateConfig:
   max_policy_lag: int = _f(1, "Hard cap K on policy lag in versions; 0 is synchronous.")
@@ -101,6 +104,11 @@ class RateConfig:
   target_lag: float = _f(0.5, "balance=auto: mean policy lag to stay under (below the cap K).")
   target_idle: float = _f(0.2, "balance=auto: learner idle fraction to stay under.")
   balance_every_s: float = _f(1.0, "balance=auto: seconds between control steps.")
+  lag_weighting: str = _f("off", "Staleness correction on top of the V-trace/PPO ratios (impala, "
+                          "ppo): each rollout's loss terms count w(L) times, L its policy lag at "
+                          "the update: off (w = 1), inverse (1 / (1 + L)) or exp "
+                          "(exp(-L / lag_weighting_tau)).")
+  lag_weighting_tau: float = _f(2.0, "lag_weighting=exp: the decay scale, in versions.")
 
   def __post_init__(self):
     _check(isinstance(self.max_policy_lag, int) and self.max_policy_lag >= 0,
@@ -115,6 +123,10 @@ class RateConfig:
              f"must be <= --max_policy_lag={self.max_policy_lag} (the hard cap)")
     _unit_interval(self, "target_idle")
     _check(self.balance_every_s > 0, "balance_every_s", self.balance_every_s, "must be > 0")
+    _check(self.lag_weighting in LAG_WEIGHTINGS, "lag_weighting", self.lag_weighting,
+           f"must be one of {', '.join(LAG_WEIGHTINGS)}")
+    _check(isinstance(self.lag_weighting_tau, int | float) and self.lag_weighting_tau > 0,
+           "lag_weighting_tau", self.lag_weighting_tau, "must be > 0")
 
   @property
   def capped(self) -> bool:
@@ -181,9 +193,12 @@ class ImpalaConfig:
   num_epochs: int = _f(1, "Passes over each batch (V-trace corrects the reuse).")
   num_minibatches: int = _f(1, "Minibatches per epoch, split along the env axis.")
   normalize_advantages: bool = _f(False, "Normalise policy-gradient advantages per minibatch.")
+  clip_eps: float = _f(0.0, "Ratio clip of the PPO surrogate (ppo; impala: APPO's clip on the "
+                       "V-trace advantage, 0 = IMPALA's plain policy gradient).")
 
   def __post_init__(self):
     _check(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be > 0")
+    _check(0 <= self.clip_eps < 1, "clip_eps", self.clip_eps, "must be in [0, 1)")
     _unit_interval(self, "discount", "vtrace_lambda")
     _check(self.clip_rho > 0, "clip_rho", self.clip_rho, "must be > 0")
     _check(self.clip_pg_rho > 0, "clip_pg_rho", self.clip_pg_rho, "must be > 0")
@@ -421,6 +436,11 @@ class TrainConfig:
              self.env.env_batch_size,
              "async EnvPool mode (< num_envs) needs --max_policy_lag >= 1; "
              "K = 0 is exact synchronous training")
+    # NOTE: DQN learns from a replay, where a sample's lag at the update is not one rollout's;
+    # weighting it would need per-sample versions in the replay.
+    _check(self.rate.lag_weighting == "off" or self.learner.algo in ("impala", "ppo"),
+           "lag_weighting", self.rate.lag_weighting,
+           f"is for the on-policy algorithms (impala, ppo), not --algo={self.learner.algo}")
     if self.distributed.enabled:
       _check(self.learner.algo in ("impala", "ppo"), "algo", self.learner.algo,
              "multi-process training supports the on-policy algorithms (impala, ppo) only")

@@ -5,8 +5,10 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from jaxrl_async.algos.base import Rollout  # noqa: E402
 from jaxrl_async.config import TrainConfig  # noqa: E402
 
 
@@ -17,6 +19,18 @@ def small_config(**overrides) -> TrainConfig:
                 checkpoint_every_s=0.0)
   values.update(overrides)
   return TrainConfig.from_flat(values)
+
+
+def random_batch(T: int, B: int, rng: np.random.Generator) -> Rollout:
+  """A CartPole-shaped IMPALA/PPO batch of host arrays: random obs, rewards, episode ends and
+  behaviour log-probs, about 10% invalid steps."""
+  return Rollout(
+      obs=rng.normal(size=(T + 1, B, 4)).astype(np.float32),
+      actions=rng.integers(0, 2, size=(T, B)).astype(np.int32),
+      rewards=rng.normal(size=(T, B)).astype(np.float32),
+      terminated=rng.random((T, B)) < 0.1, truncated=rng.random((T, B)) < 0.05,
+      valid=rng.random((T, B)) > 0.1,
+      extras={"logp": np.log(rng.uniform(0.2, 0.8, size=(T, B))).astype(np.float32)})
 
 
 @pytest.fixture

@@ -26,7 +26,6 @@ import numpy as np  # noqa: E402
 
 from jaxrl_async import envs  # noqa: E402
 from jaxrl_async.algos import make_algorithm  # noqa: E402
-from jaxrl_async.algos.base import Rollout  # noqa: E402
 from jaxrl_async.runtime.sharding import (  # noqa: E402
   LEARNER_AXIS,
   fingerprint,
@@ -34,22 +33,13 @@ from jaxrl_async.runtime.sharding import (  # noqa: E402
   put_batch,
   replicate,
 )
-from tests.conftest import small_config  # noqa: E402
+from tests.conftest import random_batch, small_config  # noqa: E402
 
 T, B = 8, 8  # the fixed batch: B envs in all, B / 2 per process
 
 
 def fixed_batch():
-  """A CartPole-shaped IMPALA batch (tests/sharded_main.py's, which cannot be imported here: it
-  sets XLA_FLAGS to 4 devices on import)."""
-  rng = np.random.default_rng(7)
-  return Rollout(
-      obs=rng.normal(size=(T + 1, B, 4)).astype(np.float32),
-      actions=rng.integers(0, 2, size=(T, B)).astype(np.int32),
-      rewards=rng.normal(size=(T, B)).astype(np.float32),
-      terminated=rng.random((T, B)) < 0.1, truncated=rng.random((T, B)) < 0.05,
-      valid=rng.random((T, B)) > 0.1,
-      extras={"logp": np.log(rng.uniform(0.2, 0.8, size=(T, B))).astype(np.float32)})
+  return random_batch(T, B, np.random.default_rng(7))
 
 
 def save_params(params, path):

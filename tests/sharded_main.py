@@ -12,7 +12,6 @@ import numpy as np  # noqa: E402
 
 from jaxrl_async import envs  # noqa: E402
 from jaxrl_async.algos import make_algorithm  # noqa: E402
-from jaxrl_async.algos.base import Rollout  # noqa: E402
 from jaxrl_async.runtime.learner import compile_update  # noqa: E402
 from jaxrl_async.runtime.sharding import (  # noqa: E402
   LEARNER_AXIS,
@@ -22,17 +21,7 @@ from jaxrl_async.runtime.sharding import (  # noqa: E402
   replicate,
 )
 from jaxrl_async.runtime.trainer import Trainer  # noqa: E402
-from tests.conftest import small_config  # noqa: E402
-
-
-def random_batch(T, B, rng):
-  return Rollout(
-      obs=rng.normal(size=(T + 1, B, 4)).astype(np.float32),
-      actions=rng.integers(0, 2, size=(T, B)).astype(np.int32),
-      rewards=rng.normal(size=(T, B)).astype(np.float32),
-      terminated=rng.random((T, B)) < 0.1, truncated=rng.random((T, B)) < 0.05,
-      valid=rng.random((T, B)) > 0.1,
-      extras={"logp": np.log(rng.uniform(0.2, 0.8, size=(T, B))).astype(np.float32)})
+from tests.conftest import random_batch, small_config  # noqa: E402
 
 
 def one_update(config, devices, batch_host):
@@ -49,8 +38,13 @@ def main(run_dir):
   assert jax.device_count() == 4, jax.devices()
   T, B = 8, 8
   batch = random_batch(T, B, np.random.default_rng(0))
-  for extra in ({}, {"normalize_advantages": True}):
+  # Lag weights differ per env column, so each device's shard must carry its own columns'.
+  weights = np.random.default_rng(1).uniform(0.0, 1.0, (1, B)).astype(np.float32)
+  for extra in ({}, {"normalize_advantages": True},
+                {"normalize_advantages": True, "lag_weighting": "inverse"}):
     config = small_config(num_envs=B, rollout_len=T, learner_devices=4, **extra)
+    if "lag_weighting" in extra:
+      batch = batch.replace(weights=weights)
     single, m1 = one_update(config, jax.devices()[:1], batch)
     sharded, m4 = one_update(config, jax.devices(), batch)
     check_replicated(sharded.params)

@@ -114,6 +114,22 @@ def test_lag_sweep_settings_pass_only_flags_that_exist():
       TrainConfig.from_flat({**flags, "num_envs": 16})
 
 
+def test_lag_sweep_keeps_lag_weighting_rows_apart():
+  assert lag_sweep.setting_flags(8, "off", "inverse") == {"max_policy_lag": 8,
+                                                          "lag_weighting": "inverse"}
+  row = lambda weighting, t: {"task": "CartPole-v1", "max_policy_lag": 8, "balance": "off",
+                              "lag_weighting": weighting, "solved": True, "solved_wall_s": t,
+                              "solved_env_steps": 1000}
+  rows = [row("off", 10.0), row("inverse", 4.0),
+          {**row("off", 6.0), "balance": "auto"}]
+  table = {(r["balance"], r["lag_weighting"]): r for r in lag_sweep.aggregate(rows)}
+  assert table["off", "off"]["time_to_solve_s"] == 10.0
+  assert table["off", "inverse"]["time_to_solve_s"] == 4.0
+  # balance=auto is judged against the unweighted fixed settings only.
+  [verdict] = lag_sweep.balance_verdict(rows)
+  assert verdict["best_fixed_s"] == 10.0 and verdict["beats_median"]
+
+
 def test_process_rows_report_failures(tmp_path):
   row = convergence.run_train("cartpole_impala", 0, tmp_path / "bad", {"num_envs": 0},
                               timeout_s=120)

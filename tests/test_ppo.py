@@ -28,7 +28,7 @@ from jaxrl_async.config import ConfigError, NetworkConfig, PPOConfig
 from jaxrl_async.envs import EnvSpec
 from jaxrl_async.networks import ActorCritic
 from jaxrl_async.runtime.trainer import Trainer
-from tests.conftest import small_config
+from tests.conftest import random_batch, small_config
 
 # One env, T = 3, V(obs_0..3) = 1, 2, 3, 4, rewards 1, gamma 0.9, lambda 0.5 (gamma lambda = 0.45).
 # TD errors: d_0 = 1 + 0.9 * 2 - 1 = 1.8, d_1 = 1 + 0.9 * 3 - 2 = 1.7, d_2 = 1 + 0.9 * 4 - 3 = 1.6.
@@ -240,14 +240,7 @@ def sharded_check():
 
   assert jax.device_count() == 4, jax.devices()
   T, B = 8, 8
-  rng = np.random.default_rng(0)
-  batch = Rollout(
-      obs=rng.normal(size=(T + 1, B, 4)).astype(np.float32),
-      actions=rng.integers(0, 2, size=(T, B)).astype(np.int32),
-      rewards=rng.normal(size=(T, B)).astype(np.float32),
-      terminated=rng.random((T, B)) < 0.1, truncated=rng.random((T, B)) < 0.05,
-      valid=rng.random((T, B)) > 0.1,
-      extras={"logp": np.log(rng.uniform(0.2, 0.8, size=(T, B))).astype(np.float32)})
+  batch = random_batch(T, B, np.random.default_rng(0))
   config = small_config(algo="ppo", num_envs=B, rollout_len=T, learner_devices=4,
                         normalize_obs=True, num_epochs=2, num_minibatches=1)
   spec = envs.env_spec(config.env)

@@ -46,3 +46,42 @@ def test_off_policy_ratio_is_clipped():
   rho = jnp.array([[1.0], [0.5], [3.0]])
   out = vtrace_returns(VALUES, REWARDS, NO, NO, rho, 0.9, 1.0)
   np.testing.assert_allclose(out.errors[1:, 0] + VALUES[1:3, 0], [3.57, 4.6], rtol=1e-6)
+
+
+def test_appo_clip_is_the_clipped_surrogate_on_the_vtrace_advantage():
+  """--clip_eps > 0: the policy loss is -min(r A, clip(r, 1 -+ eps) A) with r = pi / mu and A the
+  V-trace action-value estimate minus V, averaged over valid steps; worked out here from the
+  network's outputs and `vtrace_returns`, with ratios far enough from 1 that the clip acts."""
+  from jaxrl_async.algos.base import Rollout
+  from jaxrl_async.algos.impala import vtrace_loss
+  from jaxrl_async.config import TrainConfig
+  from jaxrl_async.networks import ActorCritic
+
+  config = TrainConfig.from_flat({"hidden_sizes": "8", "clip_eps": 0.2})
+  cfg = config.algo
+  net = ActorCritic(config.network, 2, discrete=True)
+  rng = np.random.default_rng(0)
+  T, B = 6, 3
+  batch = Rollout(
+      obs=jnp.asarray(rng.normal(size=(T + 1, B, 4)), jnp.float32),
+      actions=jnp.asarray(rng.integers(0, 2, (T, B)), jnp.int32),
+      rewards=jnp.asarray(rng.normal(size=(T, B)), jnp.float32),
+      terminated=jnp.asarray(rng.random((T, B)) < 0.2), truncated=jnp.zeros((T, B), bool),
+      valid=jnp.asarray(rng.random((T, B)) < 0.8),
+      extras={"logp": jnp.asarray(np.log(rng.uniform(0.05, 0.95, (T, B))), jnp.float32)})
+  params = net.init(jax.random.key(0), batch.obs[0])
+  loss = jax.vmap(lambda b: vtrace_loss(net, cfg, params, b, "i")[1]["pg_loss"], axis_name="i")
+  got = float(loss(jax.tree.map(lambda x: x[None], batch))[0])
+
+  logits, values = net.apply(params, batch.obs)
+  logp = jnp.take_along_axis(jax.nn.log_softmax(logits[:-1]), batch.actions[..., None], -1)[..., 0]
+  rho = np.asarray(jnp.exp(logp - batch.extras["logp"]))
+  out = vtrace_returns(values, batch.rewards, batch.terminated, batch.truncated, jnp.asarray(rho),
+                       cfg.discount, cfg.vtrace_lambda, cfg.clip_rho, cfg.clip_pg_rho)
+  adv = np.asarray(out.q_estimate - values[:-1])
+  valid = np.asarray(batch.valid, np.float64)
+  per_step = -np.minimum(rho * adv, np.clip(rho, 0.8, 1.2) * adv)
+  assert ((rho < 0.8) | (rho > 1.2)).mean() > 0.5  # the clip acts on most steps
+  np.testing.assert_allclose(got, (per_step * valid).sum() / valid.sum(), rtol=1e-5)
+  unclipped = (-rho * adv * valid).sum() / valid.sum()
+  assert abs(got - unclipped) > 1e-3

@@ -34,7 +34,8 @@ class Rollout:
   terminated [T, B]: obs[t+1] is terminal (no bootstrap); truncated [T, B]: obs[t+1] ends the
   episode by a time limit (bootstrap from it, but cut the trace there); valid [T, B]: transition
   t is real (false for EnvPool's reset step after an episode end); extras: per-step arrays
-  [T, B, ...] the behaviour policy recorded (e.g. "logp").
+  [T, B, ...] the behaviour policy recorded (e.g. "logp"); weights [1, B] float32 or None: how
+  much each env column's loss terms count (the learner's `--lag_weighting`); None counts all 1.
   """
 
   obs: Array
@@ -44,6 +45,7 @@ class Rollout:
   truncated: Array
   valid: Array
   extras: dict[str, Array]
+  weights: Array | None = None
 
 
 class Algorithm(NamedTuple):
@@ -96,6 +98,17 @@ def global_mean(x: Array, mask: Array, axis_name: str) -> Array:
   """Mean of x over the `mask`ed entries of every device's shard."""
   count = jax.lax.psum(mask.sum(), axis_name)
   return jax.lax.psum((x * mask).sum(), axis_name) / jnp.maximum(count, 1.0)
+
+
+def loss_weights(weights: Array | None, mask: Array) -> Array:
+  """`mask` [T, B] times the per-column `weights` [1, B] (lag weighting), or `mask` if None.
+
+  Loss terms are averaged over this but still divided by the *valid count*, not by the weights'
+  sum, so a down-weighted rollout counts less in absolute terms, not only relative to the
+  others in its batch (see `runtime.rate.lag_weight`). Advantage statistics use it too, so a
+  rollout of weight 0 has no influence at all.
+  """
+  return mask if weights is None else mask * weights
 
 
 def minibatch_epochs(key: PRNGKey, batch: Rollout, num_epochs: int, num_minibatches: int,

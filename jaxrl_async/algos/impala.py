@@ -23,9 +23,11 @@ from jaxrl_async.algos.base import (
   Rollout,
   clipped_adam,
   global_mean,
+  loss_weights,
   minibatch_epochs,
   psum_flat,
 )
+from jaxrl_async.algos.ppo import clipped_surrogate
 from jaxrl_async.config import TrainConfig
 from jaxrl_async.envs import EnvSpec
 from jaxrl_async.networks import ActorCritic
@@ -89,17 +91,27 @@ def vtrace_loss(net: ActorCritic, cfg: Any, params: Any, batch: Rollout, axis_na
                        jax.lax.stop_gradient(rho_tm1), cfg.discount, cfg.vtrace_lambda,
                        cfg.clip_rho, cfg.clip_pg_rho)
   mask = batch.valid.astype(jnp.float32)
+  loss_mask = loss_weights(batch.weights, mask)
   pg_adv = jax.lax.stop_gradient(out.pg_advantage)
   if cfg.normalize_advantages:
-    mean = global_mean(pg_adv, mask, axis_name)
-    std = jnp.sqrt(global_mean((pg_adv - mean) ** 2, mask, axis_name))
+    mean = global_mean(pg_adv, loss_mask, axis_name)
+    std = jnp.sqrt(global_mean((pg_adv - mean) ** 2, loss_mask, axis_name))
     pg_adv = (pg_adv - mean) / (std + 1e-8)
   count = jax.lax.psum(mask.sum(), axis_name)
   # Each device returns its share of the global mean; the caller psums the gradients.
   local_mean = lambda x: (x * mask).sum() / jnp.maximum(count, 1.0)
-  pg_loss = -local_mean(logp_tm1 * pg_adv)
-  v_loss = 0.5 * local_mean(out.errors**2)
-  entropy = local_mean(-(jnp.exp(log_probs) * log_probs).sum(-1))
+  loss_mean = lambda x: (x * loss_mask).sum() / jnp.maximum(count, 1.0)
+  if cfg.clip_eps > 0:
+    # APPO (Sample Factory): PPO's clipped surrogate on the V-trace advantage. The ratio pi/mu
+    # corrects for the behaviour policy and its clip stops the epochs of reuse from pushing
+    # the policy far from it; plain V-trace with reuse sometimes collapsed to a deterministic
+    # policy on CartPole (BUILD_NOTES.md, "The spine on CartPole-v1").
+    adv = jax.lax.stop_gradient(out.q_estimate - values[:-1])
+    pg_loss = loss_mean(clipped_surrogate(rho_tm1, adv, cfg.clip_eps))
+  else:
+    pg_loss = -loss_mean(logp_tm1 * pg_adv)
+  v_loss = 0.5 * loss_mean(out.errors**2)
+  entropy = loss_mean(-(jnp.exp(log_probs) * log_probs).sum(-1))
   loss = pg_loss + cfg.value_coef * v_loss - cfg.entropy_coef * entropy
   metrics = {"pg_loss": pg_loss, "value_loss": v_loss, "entropy": entropy,
              "rho_mean": local_mean(rho_tm1)}

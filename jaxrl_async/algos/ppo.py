@@ -40,7 +40,14 @@ import numpy as np
 import optax
 import rlax
 
-from jaxrl_async.algos.base import Algorithm, Rollout, clipped_adam, global_mean, psum_flat
+from jaxrl_async.algos.base import (
+  Algorithm,
+  Rollout,
+  clipped_adam,
+  global_mean,
+  loss_weights,
+  psum_flat,
+)
 from jaxrl_async.config import ConfigError, TrainConfig
 from jaxrl_async.envs import EnvSpec
 from jaxrl_async.networks import ActorCritic
@@ -153,6 +160,7 @@ class PPOBatch:
   ret: Array  # value targets: adv + V(obs) at the start of the update
   value: Array  # V(obs) at the start of the update (for value clipping)
   valid: Array
+  weight: Array | None = None  # lag weighting: the transition's rollout column's weight
 
 
 def ppo_loss(net: ActorCritic, cfg: Any, discrete: bool, params: Any, obs_norm: ObsNorm | None,
@@ -164,21 +172,23 @@ def ppo_loss(net: ActorCritic, cfg: Any, discrete: bool, params: Any, obs_norm: 
   log_ratio = logp - batch.logp
   ratio = jnp.exp(log_ratio)
   mask = batch.valid.astype(jnp.float32)
+  loss_mask = loss_weights(batch.weight, mask)
   adv = batch.adv
   if cfg.normalize_advantages:
-    mean = global_mean(adv, mask, axis_name)
-    std = jnp.sqrt(global_mean((adv - mean) ** 2, mask, axis_name))
+    mean = global_mean(adv, loss_mask, axis_name)
+    std = jnp.sqrt(global_mean((adv - mean) ** 2, loss_mask, axis_name))
     adv = (adv - mean) / (std + 1e-8)
   count = jax.lax.psum(mask.sum(), axis_name)
   # Each device returns its share of the global mean; the caller psums the gradients.
   local_mean = lambda x: (x * mask).sum() / jnp.maximum(count, 1.0)
-  pg_loss = local_mean(clipped_surrogate(ratio, adv, clip_eps))
+  loss_mean = lambda x: (x * loss_mask).sum() / jnp.maximum(count, 1.0)
+  pg_loss = loss_mean(clipped_surrogate(ratio, adv, clip_eps))
   v_err = (value - batch.ret) ** 2
   if cfg.clip_value:
     v_clipped = batch.value + jnp.clip(value - batch.value, -clip_eps, clip_eps)
     v_err = jnp.maximum(v_err, (v_clipped - batch.ret) ** 2)
-  v_loss = 0.5 * local_mean(v_err)
-  ent = local_mean(entropy)
+  v_loss = 0.5 * loss_mean(v_err)
+  ent = loss_mean(entropy)
   loss = pg_loss + cfg.value_coef * v_loss - cfg.entropy_coef * ent
   metrics = {
       "pg_loss": pg_loss, "value_loss": v_loss, "entropy": ent,
@@ -196,9 +206,11 @@ def transitions(batch: Rollout, values: Array, adv: Array, discrete: bool) -> PP
   T, B = batch.rewards.shape
   flat = lambda x: x.reshape((T * B,) + x.shape[2:])
   actions = batch.actions if discrete else batch.extras["raw_action"]
+  weight = (None if batch.weights is None
+            else flat(jnp.broadcast_to(batch.weights, batch.rewards.shape)))
   return PPOBatch(obs=flat(batch.obs[:-1]), actions=flat(actions), logp=flat(batch.extras["logp"]),
                   adv=flat(adv), ret=flat(adv + values[:-1]), value=flat(values[:-1]),
-                  valid=flat(batch.valid))
+                  valid=flat(batch.valid), weight=weight)
 
 
 def unroll_loops(config: TrainConfig) -> bool:
