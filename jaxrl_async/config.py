@@ -99,8 +99,9 @@ class RateConfig:
                           "queue (queue_capacity) only bounds memory; for comparison only.")
   rollouts_per_update: int = _f(1, "Rollouts the learner concatenates into one update.")
   queue_capacity: int = _f(0, "Rollout queue bound; 0 derives it from the lag cap.")
-  balance: str = _f("off", "off: fixed actors; auto: adapt the active actors so the learner "
-                    "idles less than --target_idle while the mean lag stays under --target_lag.")
+  balance: str = _f("off", "off: fixed actors; auto: while the learner is busy (idle under "
+                    "--target_idle) pause actors to keep the mean lag under --target_lag; "
+                    "while it idles, resume them.")
   target_lag: float = _f(0.5, "balance=auto: mean policy lag to stay under (below the cap K).")
   target_idle: float = _f(0.2, "balance=auto: learner idle fraction to stay under.")
   balance_every_s: float = _f(1.0, "balance=auto: seconds between control steps.")

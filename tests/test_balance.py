@@ -35,6 +35,17 @@ def test_high_lag_removes_an_actor_and_idle_learner_adds_one():
   assert len(b.take_unlogged()) == 2 and b.take_unlogged() == []
 
 
+def test_high_lag_with_an_idle_learner_keeps_every_actor():
+  """Production-bound (the learner idles): pausing an actor would only starve it."""
+  gate = ActorGate(4)
+  learner, controller = fake()
+  b = Balancer(gate, learner, controller, target_lag=0.5, target_idle=0.2, every_s=1.0)
+  b._last_t -= 1.0
+  learner.timers.idle_s += 0.9
+  controller.lag_hist.update({2: 10})
+  assert b.step(0.0) is None and gate.active == 4
+
+
 def test_no_evidence_no_decision():
   gate = ActorGate(2)
   learner, controller = fake()
@@ -56,8 +67,9 @@ def test_gate_pauses_actors_above_active():
 
 
 def test_run_under_auto_balance_keeps_the_cap_and_logs_decisions(tmp_path):
+  # target_idle=1: the learner counts as busy, so the lag rule may act on this fast learner.
   config = small_config(num_actors=4, max_policy_lag=2, balance="auto", target_lag=0.2,
-                        balance_every_s=0.2, total_env_steps=8_000)
+                        target_idle=1.0, balance_every_s=0.2, total_env_steps=8_000)
   s = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True).run().summary
   assert s["max_policy_lag_seen"] <= 2
   assert s["balance_decisions"], "4 actors with K=2 should push the mean lag over 0.2"

@@ -78,13 +78,17 @@ class Balancer:
     if lag_mean is None:
       return None  # nothing was learned in the window: no evidence either way
     active = self.gate.active
-    if lag_mean > self.target_lag and active > 1:
-      reason = f"mean lag {lag_mean:.2f} > target {self.target_lag:.2f}: one actor fewer"
+    # Production is throttled for lag only while the learner is the bottleneck: pausing an
+    # actor while the learner idles would cut consumption as well (the lag sweep measured that:
+    # BUILD_NOTES.md, "Balance of production and consumption"); the cap K bounds the lag then.
+    busy = idle_frac < self.target_idle
+    if lag_mean > self.target_lag and busy and active > 1:
+      reason = (f"mean lag {lag_mean:.2f} > target {self.target_lag:.2f} with the learner busy "
+                f"(idle {100 * idle_frac:.0f}% < {100 * self.target_idle:.0f}%): one actor fewer")
       active -= 1
-    elif (idle_frac > self.target_idle and lag_mean <= self.target_lag
-          and active < self.gate.num_actors):
-      reason = (f"learner idle {100 * idle_frac:.0f}% > {100 * self.target_idle:.0f}% with mean "
-                f"lag {lag_mean:.2f} <= {self.target_lag:.2f}: one actor more")
+    elif not busy and active < self.gate.num_actors:
+      reason = (f"learner idle {100 * idle_frac:.0f}% >= {100 * self.target_idle:.0f}%: "
+                f"one actor more")
       active += 1
     else:
       return None
