@@ -62,11 +62,12 @@ def main(argv: list[str]) -> int:
         print(f"train: {e}", file=sys.stderr)
         return 1
     from jaxrl_async.metrics import wall_s
-    from jaxrl_async.runtime.trainer import Trainer, validate
+    from jaxrl_async.runtime.trainer import Trainer, check_run_dir, validate
 
     timings = {"import_s": wall_s()}  # process start to every import done
-    run_dir = Path(config.run.run_dir or f"runs/{_PRESET.value}-{config.run.seed}")
+    run_dir = Path(config.run.run_dir or default_run_dir(_PRESET.value, config))
     spec = validate(config, run_dir)
+    check_run_dir(config, run_dir)
   except ConfigError as e:
     print(f"train: {e}", file=sys.stderr)
     _leave_cluster_now(2, "bad configuration")
@@ -91,6 +92,20 @@ def main(argv: list[str]) -> int:
         f"solved_env_steps={s['solved_env_steps']} return_mean={s['final_return_mean']} "
         f"env_steps={s['env_steps']} wall_s={s['wall_s']:.1f} -> {trainer.run_dir}/summary.json")
   return 0
+
+
+def default_run_dir(preset_name: str, config: TrainConfig, root: Path = Path("runs")) -> Path:
+  """ROOT/<preset>-<seed>, with -2, -3, ... appended while that folder is in use, so that the
+  same command run again starts a new run (--resume continues the plain name's). A
+  multi-process run keeps the plain name: its processes must agree on it."""
+  base = root / f"{preset_name}-{config.run.seed}"
+  if config.checkpoint.resume or config.distributed.enabled:
+    return base
+  path, n = base, 1
+  while path.exists() and any(path.iterdir()):
+    n += 1
+    path = base.with_name(f"{base.name}-{n}")
+  return path
 
 
 def _leave_cluster_now(status: int, why: str) -> None:

@@ -109,6 +109,11 @@ class Checkpointer:
     self.saves += 1
     self.save_s += time.perf_counter() - t0
 
+  def has_checkpoints(self) -> bool:
+    """Whether a complete checkpoint is here, without importing orbax (orbax names a complete
+    step's folder by its number; unfinished ones carry a suffix)."""
+    return self.directory.is_dir() and any(p.name.isdigit() for p in self.directory.iterdir())
+
   def latest_version(self) -> int | None:
     if not self.directory.exists():
       return None

@@ -379,7 +379,8 @@ class RunConfig:
   stop_at_return: float = _f(475.0, "Stop when return_mean reaches this; nan disables.")
   return_window: int = _f(20, "Finished episodes averaged into return_mean.")
   seed: int = _f(0, "Seed for params, actions and environments.")
-  run_dir: str = _f("", "Where metrics.jsonl and summary.json go; empty: runs/<preset>-<seed>.")
+  run_dir: str = _f("", "Where metrics.jsonl, summary.json and checkpoints go; "
+                      "empty: runs/<preset>-<seed>, or -2, -3, ... after it when in use.")
   log_every_s: float = _f(2.0, "Seconds between progress lines and metrics.jsonl records.")
   compilation_cache: bool = _f(True, "Use JAX's persistent compilation cache (warm starts).")
   compilation_cache_dir: str = _f("", "Cache folder; empty means ~/.cache/jaxrl_async/xla.")

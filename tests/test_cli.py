@@ -61,3 +61,27 @@ def test_sigint_shuts_down_cleanly(tmp_path):
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert summary["stop_reason"] == "interrupted"
   assert summary["env_steps"] > 0
+
+
+def test_run_dir_with_an_earlier_runs_checkpoints_needs_resume(tmp_path):
+  (tmp_path / "checkpoints" / "12").mkdir(parents=True)  # orbax names a complete step by number
+  r = train(f"--run_dir={tmp_path}")
+  assert r.returncode == 2, r.stderr[-2000:]
+  assert "--run_dir" in r.stderr and "--resume" in r.stderr
+  assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_default_run_dir_moves_past_one_in_use(tmp_path):
+  from experiments.train import default_run_dir
+  from jaxrl_async.config import TrainConfig
+
+  config = TrainConfig.from_flat({"seed": 3})
+  assert default_run_dir("p", config, tmp_path) == tmp_path / "p-3"
+  (tmp_path / "p-3").mkdir()  # empty: still free
+  assert default_run_dir("p", config, tmp_path) == tmp_path / "p-3"
+  (tmp_path / "p-3" / "metrics.jsonl").write_text("{}\n")
+  (tmp_path / "p-3-2").mkdir()
+  (tmp_path / "p-3-2" / "summary.json").write_text("{}")
+  assert default_run_dir("p", config, tmp_path) == tmp_path / "p-3-3"
+  resumed = TrainConfig.from_flat({"seed": 3, "resume": True})
+  assert default_run_dir("p", resumed, tmp_path) == tmp_path / "p-3"
