@@ -10,6 +10,9 @@ Tables (rows are JSON objects with a `table` key):
              pass (beta = 160): each N's best, and parallel efficiency T(1) / (N T(N)); and
              one fixed alpha = 20 for every N with --pull_lag L in {1.2, 2} (node i's step
              times 1 + (1 - a_ii) L; L = 1.2 is the measured staleness of a held copy).
+             One shard per node, so theta* changes with N.
+  speedup_fixed_shards  the same runs and columns with the data cut into K shards for every N
+             (--shards=K, node i holds K / N of them): one problem, one theta*, for all N.
   stragglers N = 8, node 0 ten times slower: time to 1e-6 of async and sync push-pull (alpha 20
              and 40) with and without the straggler, and the growth factor, for one shard per
              node (the per-node problem; nothing can move) and for K = 80 shards spread
@@ -36,15 +39,18 @@ SIZES = {  # total samples of the speed-up / straggler problems, and the real-ru
     # Straggler shards: a 10x straggler's quota of K shards is K / 71, so K = 80 gives it one
     # and the others 11-12 (within 6% of equal pass times); shards need about 80+ rows, below
     # that C_s is ill-conditioned and the default steps are at their edge (measured at 40).
+    # Fixed shards: K must be a multiple of every N. K = 16 is the coarsest (800 rows a shard
+    # at full size; N = 16 is then the one-shard-per-node problem), K = 80 is the straggler
+    # problem (160 rows a shard).
     "full": {"speedup_samples": 12800, "straggler_samples": 12800, "straggler_shards": 80,
              "rate_samples": 1600, "process_samples": 1600, "nodes": (1, 2, 4, 8, 16),
-             "process_nodes": (2, 4)},
+             "process_nodes": (2, 4), "fixed_shards": (16, 80)},
     "quick": {"speedup_samples": 2400, "straggler_samples": 6400, "straggler_shards": 80,
               "rate_samples": 800, "process_samples": 800, "nodes": (1, 2, 4, 8, 16),
-              "process_nodes": (2, 4)},
+              "process_nodes": (2, 4), "fixed_shards": (16,)},
     "tiny": {"speedup_samples": 400, "straggler_samples": 800, "straggler_shards": 0,
              "rate_samples": 240, "process_samples": 200, "nodes": (1, 2, 4),
-             "process_nodes": (2,)},
+             "process_nodes": (2,), "fixed_shards": (4,)},
 }
 ALPHAS = (20.0, 40.0)
 PULL_LAGS = (1.2, 2.0)  # with alpha = ALPHAS[0]
@@ -98,21 +104,26 @@ def rate_rows(size: dict[str, Any], out_dir: Path, progress: Progress) -> tuple[
   return rows, plots
 
 
-def speedup_rows(size: dict[str, Any], progress: Progress) -> list[dict[str, Any]]:
-  rows = []
+def speedup_rows(size: dict[str, Any], progress: Progress, shards: int = 0) -> list[dict[str, Any]]:
+  """Time to 1e-6 against N; shards = 0: one shard per node, else the same K shards for all N."""
+  rows, table = [], "speedup_fixed_shards" if shards else "speedup"
   for n in size["nodes"]:
-    problem = _problem(size["speedup_samples"], n)
-    row: dict[str, Any] = {"table": "speedup", "nodes": n, "rows_per_node": int(problem.count[0])}
+    problem = _problem(size["speedup_samples"], n, shards=shards)
+    row: dict[str, Any] = {"table": table, "nodes": n, "shards": shards or n,
+                           "samples": size["speedup_samples"],
+                           "rows_per_node": int(problem.count[0])}
     for alpha in ALPHAS:
       key = f"T_alpha{alpha:g}"
       cap = 3.0 * row.get(f"T_alpha{ALPHAS[0]:g}") if row.get(f"T_alpha{ALPHAS[0]:g}") else math.inf
       try:
         r = _simulate(problem, n, "async", alpha, 1e-6, max_time=cap)
         row[key], row[f"k_alpha{alpha:g}"] = r.time_to(1e-6), r.updates_to(1e-6)
+        if row[key] is None:  # not diverged: slower than the cap (3x alpha = 20's time)
+          row[f"note_alpha{alpha:g}"] = f"stopped by {r.stopped} at {r.final_rel_error:.2e}"
       except Exception as e:  # noqa: BLE001 - a diverging step is a result, not a crash
         row[key] = None
         row[f"note_alpha{alpha:g}"] = type(e).__name__
-      progress.step(f"speedup N={n} alpha={alpha:g}: T={row[key]}")
+      progress.step(f"{table} K={shards or n} N={n} alpha={alpha:g}: T={row[key]}")
     for lag in PULL_LAGS:  # one node has no in-neighbours: the factor is 1 there
       key = f"T_lag{lag:g}"
       if n == 1:
@@ -123,15 +134,21 @@ def speedup_rows(size: dict[str, Any], progress: Progress) -> list[dict[str, Any
                       max_time=3.0 * rows[0][f"T_alpha{ALPHAS[0]:g}"] / n
                       if rows and rows[0].get(f"T_alpha{ALPHAS[0]:g}") else math.inf)
         row[key] = r.time_to(1e-6)
+        if row[key] is None:
+          row[f"note_lag{lag:g}"] = f"stopped by {r.stopped} at {r.final_rel_error:.2e}"
       except Exception as e:  # noqa: BLE001 - a diverging step is a result, not a crash
         row[key], row[f"note_lag{lag:g}"] = None, type(e).__name__
-      progress.step(f"speedup N={n} alpha={ALPHAS[0]:g} pull_lag={lag:g}: T={row[key]}")
+      progress.step(f"{table} K={shards or n} N={n} alpha={ALPHAS[0]:g} pull_lag={lag:g}: "
+                    f"T={row[key]}")
     times = {a: row[f"T_alpha{a:g}"] for a in ALPHAS if row.get(f"T_alpha{a:g}")}
     if times:
       best = min(times, key=times.get)
       row["alpha_best"], row["T_best"] = best, times[best]
     else:
       row["error"] = "no step size reached 1e-6"
+    notes = [f"{k[5:]}: {v}" for k, v in row.items() if k.startswith("note_")]
+    if notes:
+      row["notes"] = "; ".join(notes)
     rows.append(row)
   t1_best = rows[0].get("T_best")
   t1_20 = rows[0].get(f"T_alpha{ALPHAS[0]:g}")
@@ -218,7 +235,7 @@ def process_rows(size: dict[str, Any], progress: Progress) -> list[dict[str, Any
   return rows
 
 
-def plot_speedup(rows: list[dict[str, Any]], out_dir: Path) -> str:
+def plot_speedup(rows: list[dict[str, Any]], out_dir: Path, name: str = "speedup.png") -> str:
   import matplotlib
 
   matplotlib.use("Agg")
@@ -233,27 +250,40 @@ def plot_speedup(rows: list[dict[str, Any]], out_dir: Path) -> str:
       ax.loglog(*zip(*pts, strict=True), "o-", label=label)
   if rows[0].get("T_best"):
     ax.loglog(ns, [rows[0]["T_best"] / n for n in ns], "k:", label="ideal T(1)/N")
+  if rows[0]["table"] == "speedup_fixed_shards":
+    ax.set_title(f"{rows[0]['shards']} shards for every N", fontsize=9)
   ax.set_xlabel("nodes N (same total data)")
   ax.set_ylabel("virtual time to 1e-6")
   ax.legend(fontsize=8)
   ax.grid(True, which="both", alpha=0.3)
   fig.tight_layout()
-  fig.savefig(out_dir / "speedup.png", dpi=110)
+  fig.savefig(out_dir / name, dpi=110)
   plt.close(fig)
-  return "speedup.png"
+  return name
 
 
 def run(out_dir: Path, quick: bool, tiny: bool = False) -> SuiteResult:
   out_dir.mkdir(parents=True, exist_ok=True)
   size = SIZES["tiny" if tiny else "quick" if quick else "full"]
   variants = 3 if size["straggler_shards"] else 1
-  steps = (3 + (len(ALPHAS) + len(PULL_LAGS)) * len(size["nodes"]) - len(PULL_LAGS)
+  per_speedup = (len(ALPHAS) + len(PULL_LAGS)) * len(size["nodes"]) - len(PULL_LAGS)
+  steps = (3 + per_speedup * (1 + len(size["fixed_shards"]))
            + 2 * len(ALPHAS) * (variants + (2 if variants > 1 else 1))
            + len(size["process_nodes"]))
   progress = Progress(steps, "decentralized")
   rate, plots = rate_rows(size, out_dir, progress)
   speed = speedup_rows(size, progress)
   plots.append(plot_speedup(speed, out_dir))
+  fixed = []
+  for k in size["fixed_shards"]:
+    fixed_k = speedup_rows(size, progress, shards=k)
+    plots.append(plot_speedup(fixed_k, out_dir, f"speedup_fixed_shards_K{k}.png"))
+    fixed += fixed_k
+  speed_cols = (["nodes", "shards", "rows_per_node", f"T_alpha{ALPHAS[0]:g}",
+                 f"T_alpha{ALPHAS[1]:g}", "alpha_best", "T_best", "speedup_best",
+                 "efficiency_best", "efficiency_alpha20"]
+                + [c for lag in PULL_LAGS for c in (f"T_lag{lag:g}", f"efficiency_lag{lag:g}")]
+                + ["notes"])
   strag = straggler_rows(size, progress)
   procs = process_rows(size, progress)
   tables = (
@@ -262,10 +292,10 @@ def run(out_dir: Path, quick: bool, tiny: bool = False) -> SuiteResult:
                         "updates", "virtual_time", "rel_dist_to_async"])
       + f"\n## Speed-up: virtual time to 1e-6, {size['speedup_samples']} samples split N ways "
       f"(beta = {BETA:g})\n\n"
-      + md_table(speed, ["nodes", "rows_per_node", f"T_alpha{ALPHAS[0]:g}",
-                         f"T_alpha{ALPHAS[1]:g}", "alpha_best", "T_best", "speedup_best",
-                         "efficiency_best", "efficiency_alpha20"]
-                + [c for lag in PULL_LAGS for c in (f"T_lag{lag:g}", f"efficiency_lag{lag:g}")])
+      + md_table(speed, speed_cols)
+      + f"\n## Speed-up with fixed shards: the same K shards (one theta*) for every N, "
+      f"{size['speedup_samples']} samples, virtual time to 1e-6 (beta = {BETA:g})\n\n"
+      + md_table(fixed, speed_cols)
       + f"\n## Stragglers: N = {STRAGGLER_NODES}, node 0 {SLOWDOWN:g}x slower, "
       f"{size['straggler_samples']} samples, virtual time to 1e-6 (allocation = weights)\n\n"
       + md_table(strag, ["mode", "alpha", "shards", "allocation", "rows_straggler",
@@ -274,8 +304,8 @@ def run(out_dir: Path, quick: bool, tiny: bool = False) -> SuiteResult:
       + md_table(procs, ["nodes", "problem", "wall_s_to_1e-6", "updates", "updates_per_s",
                          "final_rel_error", "max_rel_dist_to_theta_star", "dropped_sends",
                          "error"]))
-  return SuiteResult(rows=rate + speed + strag + procs, tables_md=tables,
+  return SuiteResult(rows=rate + speed + fixed + strag + procs, tables_md=tables,
                      config={"sizes": size, "alphas": ALPHAS, "beta": BETA,
-                             "pull_lags": PULL_LAGS,
+                             "pull_lags": PULL_LAGS, "fixed_shards": size["fixed_shards"],
                              "straggler_nodes": STRAGGLER_NODES, "slowdown": SLOWDOWN},
                      plots=plots)
