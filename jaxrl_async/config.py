@@ -382,7 +382,8 @@ class RunConfig:
   run_dir: str = _f("", "Where metrics.jsonl, summary.json and checkpoints go; "
                       "empty: runs/<preset>-<seed>, or -2, -3, ... after it when in use.")
   log_every_s: float = _f(2.0, "Seconds between progress lines and metrics.jsonl records.")
-  compilation_cache: bool = _f(True, "Use JAX's persistent compilation cache (warm starts).")
+  compilation_cache: bool = _f(True, "Use JAX's persistent compilation cache and, in it, the "
+                                     "cache of whole executables (warm starts).")
   compilation_cache_dir: str = _f("", "Cache folder; empty means ~/.cache/jaxrl_async/xla.")
   max_wall_s: float = _f(0.0, "Stop after this many seconds of training; 0 means no limit.")
   prng_impl: str = _f("rbg", "JAX PRNG: rbg (compiles faster here) or threefry2x32.")

@@ -51,11 +51,13 @@ def key_data_shape() -> tuple[int, ...]:
 
 
 def compile_policy_step(policy: Any, params: Any, spec: envs.EnvSpec, batch_size: int,
-                        device: jax.Device) -> Any:
+                        device: jax.Device, executables: Any = None, name: str = "policy"
+                        ) -> Any:
   """The actors' (params, obs, key data) -> (action, extras, key data), compiled ahead of time
   for `device` from shapes alone (`params` may be ShapeDtypeStructs).
 
-  Keys travel as raw data so actors make theirs in numpy (`actor_key_data`).
+  Keys travel as raw data so actors make theirs in numpy (`actor_key_data`). With
+  `executables` (runtime/executables.py) a warm start loads it instead, under `name`.
   """
 
   def step(params, obs, key_data):
@@ -67,7 +69,8 @@ def compile_policy_step(policy: Any, params: Any, spec: envs.EnvSpec, batch_size
   shaped = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=on_actor)
   params = jax.tree.map(lambda p: shaped(p.shape, p.dtype), params)
   obs = shaped((batch_size,) + spec.obs_shape, spec.obs_dtype)
-  return jax.jit(step).lower(params, obs, shaped(key_data_shape(), np.uint32)).compile()
+  lower = lambda: jax.jit(step).lower(params, obs, shaped(key_data_shape(), np.uint32))
+  return executables.compile(name, [device], lower) if executables else lower().compile()
 
 
 def actor_key_data(seed: int, actor_index: int, salt: int, shape: tuple[int, ...]) -> np.ndarray:

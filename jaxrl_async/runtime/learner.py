@@ -87,10 +87,17 @@ def skip_nonfinite(update: Any) -> Any:
 
 
 def compile_update(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any,
-                   state: Any) -> Any:
-  update = skip_nonfinite(lambda s, rollouts: algo.update(s, concat_rollouts(rollouts)))
-  step = data_parallel(update, mesh)
-  return step.lower(state, batch_shapes(config, spec, algo, mesh)).compile()
+                   state: Any, executables: Any = None) -> Any:
+  """The data-parallel update, compiled ahead of time from `state`'s shapes (or, with
+  `executables`, loaded from runtime/executables.py's cache on a warm start)."""
+
+  def lower() -> Any:
+    update = skip_nonfinite(lambda s, rollouts: algo.update(s, concat_rollouts(rollouts)))
+    return data_parallel(update, mesh).lower(state, batch_shapes(config, spec, algo, mesh))
+
+  if executables is None:
+    return lower().compile()
+  return executables.compile("update", list(mesh.devices.flat), lower)
 
 
 class Learner:
@@ -99,12 +106,13 @@ class Learner:
   def __init__(self, config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any,
                state: Any, version: int, queue: RolloutQueue, store: ParamStore,
                controller: RateController, stop: threading.Event, wall_s: Any,
-               step_fn: Any = None, state_future: Any = None):
+               step_fn: Any = None, state_future: Any = None, executables: Any = None):
     self.config, self.spec, self.algo, self.mesh = config, spec, algo, mesh
     self.state, self.version = state, version
     self.queue, self.store, self.controller, self.stop = queue, store, controller, stop
     self.wall_s = wall_s
     self.step_fn = step_fn
+    self.executables = executables
     # `state` may be abstract (shapes only) until `state_future` delivers the real one, so the
     # update compiles while the initial state is computed.
     self._state_future = state_future
@@ -125,7 +133,8 @@ class Learner:
   def _compile(self) -> None:
     if self.step_fn is None:
       t0 = time.perf_counter()
-      self.step_fn = compile_update(self.config, self.spec, self.algo, self.mesh, self.state)
+      self.step_fn = compile_update(self.config, self.spec, self.algo, self.mesh, self.state,
+                                    self.executables)
       self.timers.compile_s = time.perf_counter() - t0
     self.compiled.set()
 
