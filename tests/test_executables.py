@@ -10,6 +10,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxrl_async.runtime.executables import ExecutableCache
 
@@ -28,6 +29,66 @@ def test_key_ignores_host_only_fields_and_follows_the_rest(tmp_path):
   assert cache.key("update", dev, None) != cache.key("init", dev, None)
   opt0 = {"xla_backend_optimization_level": 0}
   assert cache.key("init", dev, None) != cache.key("init", dev, opt0)
+
+
+# Every host-only field changed at once (two variants: the cap and free running exclude each
+# other). Values are arbitrary but valid.
+_HOST_VARIANTS = (
+    dict(seed=5, run_dir="/tmp/elsewhere", compilation_cache=False, compilation_cache_dir="/x",
+         env_threads=1, max_policy_lag=3, queue_capacity=7, balance="auto", target_lag=1.5,
+         target_idle=0.3, balance_every_s=3.0, checkpoint_every_s=5.0,
+         checkpoint_every_updates=10, keep_checkpoints=2, checkpoint_at_end=True,
+         stop_at_return=100.0, return_window=10, log_every_s=1.0, max_wall_s=9.0,
+         logger="tensorboard", actor_restarts=2, max_nonfinite_updates=5),
+    dict(free_running=True, resume=True, checkpoint_replay=True),
+)
+
+
+def _lowered_programs(config) -> dict[str, str]:
+  """The text of every program the executable cache serves, lowered as the trainer does."""
+  from jaxrl_async import envs
+  from jaxrl_async.runtime.actor import lower_policy_step
+  from jaxrl_async.runtime.learner import lower_update
+  from jaxrl_async.runtime.trainer import Trainer
+
+  spec = envs.env_spec(config.env)
+  trainer = Trainer(config, spec, run_dir=None)
+  traced = trainer._trace_init()
+  abstract = traced.out_info
+  programs = {"init": traced.lower().as_text()}
+  for i in range(config.actor.num_actors):
+    programs[f"policy-{i}"] = lower_policy_step(
+        trainer.algo.make_policy(i), trainer.algo.actor_params(abstract), spec,
+        config.env.batch_size, trainer.actor_device).as_text()
+  if not trainer.algo.off_policy:  # DQN's update compiles in runtime/offpolicy.py, uncached
+    programs["update"] = lower_update(config, spec, trainer.algo, trainer.mesh,
+                                      abstract).as_text()
+  return programs
+
+
+@pytest.mark.parametrize("algo", ["impala", "ppo", "dqn"])
+def test_host_only_fields_do_not_reach_any_program(algo):
+  from jaxrl_async.runtime.executables import HOST_ONLY_FIELDS
+
+  assert {k for v in _HOST_VARIANTS for k in v} == set(HOST_ONLY_FIELDS)
+  base = dict(algo=algo, num_actors=2)
+  if algo == "dqn":
+    base.update(free_running=True, batch_size=8, min_replay_size=100, replay_size=1_000,
+                spi_tolerance=40.0)
+  reference = _lowered_programs(small_config(**base))
+  for variant in _HOST_VARIANTS:
+    if algo != "dqn":
+      variant = {k: v for k, v in variant.items() if k != "checkpoint_replay"}
+    if algo == "dqn":  # DQN runs free; the cap and the balancer are on-policy settings
+      variant = {k: v for k, v in variant.items()
+                 if k not in ("max_policy_lag", "balance", "target_lag")}
+    changed = _lowered_programs(small_config(**{**base, **variant}))
+    assert changed.keys() == reference.keys()
+    for name in reference:
+      assert changed[name] == reference[name], (name, variant)
+  if algo == "impala":  # the comparison can fail: a field that reaches the update shows
+    other = _lowered_programs(small_config(**base, learning_rate=1.234e-3))
+    assert other["update"] != reference["update"] and other["init"] == reference["init"]
 
 
 def test_stores_then_loads_and_replaces_a_bad_file(tmp_path):
@@ -71,7 +132,10 @@ from jaxrl_async import envs
 from jaxrl_async.runtime import setup
 from jaxrl_async.runtime.trainer import Trainer
 from tests.conftest import small_config
-run_dir, cache_dir = sys.argv[1:]
+from jaxrl_async.runtime.executables import ExecutableCache
+run_dir, cache_dir, mode = sys.argv[1:]
+if mode == "xla_only":  # JAX's persistent cache on, the executable cache off
+  ExecutableCache.for_config = classmethod(lambda cls, config: cls(None, config))
 config = small_config(max_policy_lag=0, num_actors=1, total_env_steps=3_000,
                       compilation_cache_dir=cache_dir)
 setup.configure_jax(config)
@@ -81,9 +145,10 @@ np.savez(run_dir + "/params.npz", *leaves)
 """
 
 
-def _train(run_dir: Path, cache_dir: Path) -> tuple[dict, list[np.ndarray]]:
+def _train(run_dir: Path, cache_dir: Path, mode: str = "both") -> tuple[dict, list[np.ndarray]]:
   run_dir.mkdir()
-  proc = subprocess.run([sys.executable, "-c", _DRIVER, str(run_dir), str(cache_dir)], cwd=ROOT,
+  proc = subprocess.run([sys.executable, "-c", _DRIVER, str(run_dir), str(cache_dir), mode],
+                        cwd=ROOT,
                         env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
                         text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -93,20 +158,20 @@ def _train(run_dir: Path, cache_dir: Path) -> tuple[dict, list[np.ndarray]]:
 
 
 def test_warm_run_loads_every_program_and_trains_the_same(tmp_path):
-  cold, cold_params = _train(tmp_path / "cold", tmp_path / "cache")
-  warm, warm_params = _train(tmp_path / "warm", tmp_path / "cache")
+  cache = tmp_path / "cache"
+  # First only JAX's persistent cache: the next run finds the programs there, but must compile
+  # them itself to store them whole (one that cache served would load, then fail when called).
+  xla_only, xla_params = _train(tmp_path / "xla_only", cache, "xla_only")
+  assert not (cache / "executables").exists()
+  cold, cold_params = _train(tmp_path / "cold", cache)
+  warm, warm_params = _train(tmp_path / "warm", cache)
+  assert xla_only["timings"]["executables_loaded"] == []
   assert cold["timings"]["executables_loaded"] == []
   assert warm["timings"]["executables_loaded"] == ["init", "policy-0", "update"]
-  assert len(list((tmp_path / "cache" / "executables").glob("*.pkl"))) == 3
+  assert len(list((cache / "executables").glob("*.pkl"))) == 3
   # K = 0 with one actor is deterministic for a seed: the loaded programs must compute
   # exactly what the compiled ones did.
-  assert warm["version"] == cold["version"] > 5
-  for x, y in zip(cold_params, warm_params, strict=True):
+  assert warm["version"] == cold["version"] == xla_only["version"] > 5
+  for x, y, z in zip(xla_params, cold_params, warm_params, strict=True):
     np.testing.assert_array_equal(x, y)
-  # An executable that JAX's persistent cache served serialises without its kernels: with only
-  # that cache warm, nothing is stored (a stored one would load, then fail when called).
-  for path in (tmp_path / "cache" / "executables").glob("*.pkl"):
-    path.unlink()
-  xla_warm, _ = _train(tmp_path / "xla_warm", tmp_path / "cache")
-  assert xla_warm["timings"]["executables_loaded"] == []
-  assert list((tmp_path / "cache" / "executables").glob("*.pkl")) == []
+    np.testing.assert_array_equal(x, z)

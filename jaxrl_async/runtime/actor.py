@@ -50,14 +50,12 @@ def key_data_shape() -> tuple[int, ...]:
   return jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape
 
 
-def compile_policy_step(policy: Any, params: Any, spec: envs.EnvSpec, batch_size: int,
-                        device: jax.Device, executables: Any = None, name: str = "policy"
-                        ) -> Any:
-  """The actors' (params, obs, key data) -> (action, extras, key data), compiled ahead of time
-  for `device` from shapes alone (`params` may be ShapeDtypeStructs).
+def lower_policy_step(policy: Any, params: Any, spec: envs.EnvSpec, batch_size: int,
+                      device: jax.Device) -> Any:
+  """The actors' (params, obs, key data) -> (action, extras, key data), traced and lowered for
+  `device` from shapes alone (`params` may be ShapeDtypeStructs).
 
-  Keys travel as raw data so actors make theirs in numpy (`actor_key_data`). With
-  `executables` (runtime/executables.py) a warm start loads it instead, under `name`.
+  Keys travel as raw data so actors make theirs in numpy (`actor_key_data`).
   """
 
   def step(params, obs, key_data):
@@ -69,7 +67,15 @@ def compile_policy_step(policy: Any, params: Any, spec: envs.EnvSpec, batch_size
   shaped = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=on_actor)
   params = jax.tree.map(lambda p: shaped(p.shape, p.dtype), params)
   obs = shaped((batch_size,) + spec.obs_shape, spec.obs_dtype)
-  lower = lambda: jax.jit(step).lower(params, obs, shaped(key_data_shape(), np.uint32))
+  return jax.jit(step).lower(params, obs, shaped(key_data_shape(), np.uint32))
+
+
+def compile_policy_step(policy: Any, params: Any, spec: envs.EnvSpec, batch_size: int,
+                        device: jax.Device, executables: Any = None, name: str = "policy"
+                        ) -> Any:
+  """`lower_policy_step` compiled ahead of time (or, with `executables`, loaded from
+  runtime/executables.py's cache under `name` on a warm start)."""
+  lower = lambda: lower_policy_step(policy, params, spec, batch_size, device)
   return executables.compile(name, [device], lower) if executables else lower().compile()
 
 

@@ -23,19 +23,27 @@ import json
 import os
 import pickle
 import tempfile
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 from absl import logging
+from jax._src import config as jax_config  # the cache switch, per thread
 
 from jaxrl_async.config import TrainConfig
 
-# Fields that only the host reads: two runs that differ in them run the same programs. The
-# seed reaches the initial state as an argument, and the actors' keys are made in numpy.
-_HOST_ONLY_FIELDS = ("seed", "run_dir", "resume", "compilation_cache", "compilation_cache_dir")
+# Fields that only the host reads (threads, rate control, checkpoints, logging, stopping): runs
+# that differ only in them run the same programs and share one entry, e.g. every cap K of a lag
+# sweep. tests/test_executables.py checks that changing all of them leaves the lowered init,
+# policy and update of IMPALA, PPO and DQN unchanged. The seed reaches the initial state as an
+# argument, and the actors' keys are made in numpy.
+HOST_ONLY_FIELDS = (
+    "seed", "run_dir", "resume", "compilation_cache", "compilation_cache_dir", "env_threads",
+    "max_policy_lag", "free_running", "queue_capacity", "balance", "target_lag", "target_idle",
+    "balance_every_s", "checkpoint_every_s", "checkpoint_every_updates", "keep_checkpoints",
+    "checkpoint_at_end", "checkpoint_replay", "stop_at_return", "return_window", "log_every_s",
+    "max_wall_s", "logger", "actor_restarts", "max_nonfinite_updates")
 _PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 _LIBRARIES = ("jax", "jaxlib", "flax", "optax", "rlax", "chex", "numpy")
 
@@ -55,21 +63,6 @@ def _environment_digest() -> str:
   return h.hexdigest()
 
 
-_local = threading.local()
-
-
-@functools.cache
-def _watch_persistent_cache() -> None:
-  """Counts, per thread, the programs JAX's persistent cache served (its event is recorded in
-  the compiling thread)."""
-
-  def listener(event: str, **kwargs: Any) -> None:
-    if event == "/jax/compilation_cache/cache_hits":
-      _local.xla_cache_hits = getattr(_local, "xla_cache_hits", 0) + 1
-
-  jax.monitoring.register_event_listener(listener)
-
-
 def _initialize_lapack() -> None:
   """JAX sets up its LAPACK kernels while lowering a program that uses one; a loaded program
   was never lowered here, so without this its first QR (the orthogonal initialiser in the
@@ -84,7 +77,7 @@ class ExecutableCache:
 
   def __init__(self, directory: Path | None, config: TrainConfig):
     self.directory = directory
-    flat = {k: v for k, v in config.to_flat().items() if k not in _HOST_ONLY_FIELDS}
+    flat = {k: v for k, v in config.to_flat().items() if k not in HOST_ONLY_FIELDS}
     self._config_key = json.dumps(flat, sort_keys=True, default=str)
     self.loaded: list[str] = []  # names served from the cache in this run
 
@@ -124,13 +117,11 @@ class ExecutableCache:
       except Exception as e:  # noqa: BLE001 - a bad cache file costs a compile, nothing more
         logging.warning("executable cache: %s did not load (%s); compiling", path.name, e)
         path.unlink(missing_ok=True)
-    _watch_persistent_cache()
-    hits_before = getattr(_local, "xla_cache_hits", 0)
-    compiled = lower().compile(options)
-    if getattr(_local, "xla_cache_hits", 0) != hits_before:
-      # NOTE: an executable that XLA's cache served serialises without its kernels (loading it
-      # fails with "Function ... not found"), so only a program compiled here is stored.
-      return compiled
+    # NOTE: compiled with JAX's persistent cache off (in this thread): an executable that cache
+    # served serialises without its kernels, and loading it fails when it is called
+    # ("Function ... not found"). So a program's first run under a key compiles it.
+    with jax_config.enable_compilation_cache(False):
+      compiled = lower().compile(options)
     try:
       self._store(path, pickle.dumps(serialize_executable.serialize(compiled)))
     except Exception as e:  # noqa: BLE001 - not every executable serialises; it still runs

@@ -86,15 +86,18 @@ def skip_nonfinite(update: Any) -> Any:
   return guarded
 
 
+def lower_update(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any,
+                 state: Any) -> Any:
+  """The data-parallel update, traced and lowered from `state`'s shapes."""
+  update = skip_nonfinite(lambda s, rollouts: algo.update(s, concat_rollouts(rollouts)))
+  return data_parallel(update, mesh).lower(state, batch_shapes(config, spec, algo, mesh))
+
+
 def compile_update(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any,
                    state: Any, executables: Any = None) -> Any:
-  """The data-parallel update, compiled ahead of time from `state`'s shapes (or, with
-  `executables`, loaded from runtime/executables.py's cache on a warm start)."""
-
-  def lower() -> Any:
-    update = skip_nonfinite(lambda s, rollouts: algo.update(s, concat_rollouts(rollouts)))
-    return data_parallel(update, mesh).lower(state, batch_shapes(config, spec, algo, mesh))
-
+  """The update compiled ahead of time (or, with `executables`, loaded from
+  runtime/executables.py's cache on a warm start)."""
+  lower = lambda: lower_update(config, spec, algo, mesh, state)
   if executables is None:
     return lower().compile()
   return executables.compile("update", list(mesh.devices.flat), lower)
