@@ -73,3 +73,22 @@ def test_jitted_and_plain_updates_agree(node2):
       b, _ = node_lib.node_update(*jax.tree.map(jnp.asarray, (const, state, inbox)))
   for x, y in zip(a, b, strict=True):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-12, atol=1e-14)
+
+
+def test_keys_do_not_follow_the_process_default_prng():
+  """Node keys travel as raw data to other processes, so they are made and read with one fixed
+  implementation: consts made where the default is rbg (the trainer's) run where it is not."""
+  p = problem_lib.random_mdp(0, nodes=2, samples=40, features=5, states=10)
+  before = jax.config.jax_default_prng_impl
+  try:
+    jax.config.update("jax_default_prng_impl", "rbg")
+    consts = node_lib.network_consts(p, graphs.exponential(2), alpha=20.0, beta=160.0,
+                                     sampling="uniform")
+  finally:
+    jax.config.update("jax_default_prng_impl", before)
+  const = node_lib.slice_const(consts, 0)
+  state = node_lib.NodeState(*(np.asarray(x)[0] for x in node_lib.init_state(consts)))
+  inbox = _inbox([-1], np.zeros((1, 5)), np.zeros((1, 5)))
+  with jax.enable_x64(True):
+    new, _ = node_lib.node_update_jit(const, state, inbox)
+  assert int(new.clock) == int(state.clock) + 1

@@ -45,6 +45,13 @@ from jaxrl_async.decentralized.problem import Problem
 
 Array = jax.Array
 SAMPLINGS = ("cyclic", "uniform")
+# Keys travel as raw data (between processes too), so their implementation is fixed here, not
+# taken from JAX's process-wide default (the trainer sets rbg; a node process keeps threefry).
+PRNG_IMPL = "threefry2x32"
+
+
+def key_data(seed: int) -> np.ndarray:
+  return np.asarray(jax.random.key_data(jax.random.key(seed, impl=PRNG_IMPL)))
 
 
 class NodeConst(NamedTuple):
@@ -136,7 +143,8 @@ def node_update(const: NodeConst, state: NodeState, inbox: Inbox) -> tuple[NodeS
 
   # 2. SAG/IAG table step at (theta, w) of this activation.
   p_cyclic = state.clock % const.count
-  p_uniform = jax.random.randint(jax.random.fold_in(const.key, state.clock), (), 0, const.count)
+  key = jax.random.wrap_key_data(const.key, impl=PRNG_IMPL)
+  p_uniform = jax.random.randint(jax.random.fold_in(key, state.clock), (), 0, const.count)
   q = const.row0 + jnp.where(const.uniform, p_uniform, p_cyclic)
   b = const.block[q]
   phi_q, psi_q, weight_q = const.phi[q], const.psi[q], const.weight[q]
@@ -251,8 +259,7 @@ def network_consts(problem: Problem, graph: Graph, alpha: float, beta: float,
     raise ValueError(f"graph has {graph.n} nodes but the problem {problem.nodes}")
   n = problem.nodes
   slots = graph.slot_tables()
-  keys = np.stack([np.asarray(jax.random.key_data(jax.random.key(seed * 1_000_003 + i)))
-                   for i in range(n)])
+  keys = np.stack([key_data(seed * 1_000_003 + i) for i in range(n)])
   held = problem.shards_per_node()
   lag_rows = np.full(n, problem.count.max()) if synchronous else problem.count
   pull_gain = 1.0 + (1.0 - slots["pull_self"]) * pull_lag
@@ -287,7 +294,7 @@ def centralized_const(problem: Problem, alpha: float, beta: float, sampling: str
   rows = lambda x: x[valid][None]
   pass_rows = float(problem.count.mean() + ROWS_0 * k / n)
   shard_rows = float(problem.shard_rows().mean()) + ROWS_0
-  key = np.asarray(jax.random.key_data(jax.random.key(seed)))[None].astype(np.uint32)
+  key = key_data(seed)[None].astype(np.uint32)
   one = lambda x: np.array([x], np.float64)
   return NodeConst(
       phi=rows(problem.phi), psi=rows(problem.psi), r=rows(problem.r),
