@@ -16,6 +16,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_quick_throughput_suite_writes_its_files(tmp_path):
+  from tools import report
+
   out = tmp_path / "throughput"
   done = subprocess.run(
       [sys.executable, "-m", "tools.benchmark", "throughput", "--quick", "--tiny", "--out",
@@ -41,6 +43,11 @@ def test_quick_throughput_suite_writes_its_files(tmp_path):
   md = (out / "results.md").read_text()
   assert "| cartpole | pipeline_async |" in md and "throughput.png" in md
   assert (out / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+  # The report over a run folder: the suite's tables under its heading, the machine line.
+  text = report.report(tmp_path)
+  assert "#### throughput\n" in text and "##### SPS by mode" in text
+  assert "| cartpole | pipeline_async |" in text and "![" not in text
+  assert f"{machine['cores']} cores" in text and "| throughput |" in text
 
 
 def test_ratios_against_the_parts():

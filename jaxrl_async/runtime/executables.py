@@ -23,13 +23,13 @@ import json
 import os
 import pickle
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 from absl import logging
-from jax._src import config as jax_config  # the cache switch, per thread
 
 from jaxrl_async.config import TrainConfig
 
@@ -61,6 +61,21 @@ def _environment_digest() -> str:
     except importlib.metadata.PackageNotFoundError:
       h.update(f"{name}=absent".encode())
   return h.hexdigest()
+
+
+_local = threading.local()
+
+
+@functools.cache
+def _watch_persistent_cache() -> None:
+  """Counts, per thread, the programs JAX's persistent cache served (JAX records the event in
+  the compiling thread)."""
+
+  def listener(event: str, **kwargs: Any) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+      _local.xla_cache_hits = getattr(_local, "xla_cache_hits", 0) + 1
+
+  jax.monitoring.register_event_listener(listener)
 
 
 def _initialize_lapack() -> None:
@@ -117,11 +132,15 @@ class ExecutableCache:
       except Exception as e:  # noqa: BLE001 - a bad cache file costs a compile, nothing more
         logging.warning("executable cache: %s did not load (%s); compiling", path.name, e)
         path.unlink(missing_ok=True)
-    # NOTE: compiled with JAX's persistent cache off (in this thread): an executable that cache
-    # served serialises without its kernels, and loading it fails when it is called
-    # ("Function ... not found"). So a program's first run under a key compiles it.
-    with jax_config.enable_compilation_cache(False):
-      compiled = lower().compile(options)
+    _watch_persistent_cache()
+    hits_before = getattr(_local, "xla_cache_hits", 0)
+    compiled = lower().compile(options)
+    if getattr(_local, "xla_cache_hits", 0) != hits_before:
+      # NOTE: an executable that JAX's persistent cache served serialises without its kernels:
+      # it loads, then fails when called ("Function ... not found"). Only a program compiled
+      # here is stored. (Turning that cache off around this compile does not work: JAX decides
+      # once per process whether it uses the cache.)
+      return compiled
     try:
       self._store(path, pickle.dumps(serialize_executable.serialize(compiled)))
     except Exception as e:  # noqa: BLE001 - not every executable serialises; it still runs
