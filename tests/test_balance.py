@@ -35,6 +35,29 @@ def test_high_lag_removes_an_actor_and_idle_learner_adds_one():
   assert len(b.take_unlogged()) == 2 and b.take_unlogged() == []
 
 
+def test_a_pause_that_starves_the_learner_sets_a_floor():
+  """Pause for lag -> learner idles -> resume: the lag rule must not pause again (it alternated
+  every step before, measured with a learner-bound network)."""
+  gate = ActorGate(3)
+  learner, controller = fake()
+  b = Balancer(gate, learner, controller, target_lag=0.5, target_idle=0.2, every_s=1.0)
+
+  def window(idle_frac, lags):
+    b._last_t -= 1.0
+    learner.timers.idle_s += idle_frac
+    controller.lag_hist.update(lags)
+    return b.step(0.0)
+
+  assert window(0.05, {2: 10}) is not None and gate.active == 2  # busy, lag 2: pause
+  assert window(0.05, {2: 10}) is not None and gate.active == 1  # still busy: pause again
+  d = window(0.4, {1: 10})  # one actor cannot feed it: undo
+  assert d is not None and gate.active == 2 and b.floor == 2 and "not below 2" in d.reason
+  assert window(0.05, {2: 10}) is None and gate.active == 2  # lag high, busy: held
+  assert window(0.4, {2: 10}) is not None and gate.active == 3  # idle: one more, as always
+  assert b.floor == 2  # an increase without a pause before it moves no floor
+  assert window(0.05, {2: 10}) is not None and gate.active == 2  # above the floor: may pause
+
+
 def test_high_lag_with_an_idle_learner_keeps_every_actor():
   """Production-bound (the learner idles): pausing an actor would only starve it."""
   gate = ActorGate(4)

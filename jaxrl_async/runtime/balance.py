@@ -1,8 +1,11 @@
 """--balance=auto: adapts the production side to the learner, inside the hard lag cap.
 
 Every `balance_every_s` the balancer looks at the last window: the learner's idle fraction
-(waiting for rollouts) and the mean policy lag learned from. Idle learner and lag within target
--> one more actor may produce; lag above target -> one fewer. The cap K is enforced by the rate
+(waiting for rollouts) and the mean policy lag learned from. Idle learner -> one more actor may
+produce; lag above target while the learner is busy -> one fewer. If a pause for lag leaves the
+learner idle, it is undone and the balancer does not pause for lag below that count again
+(a floor): the lag target is not worth a starved learner, and without the floor the two rules
+alternate every step (measured: BUILD_NOTES.md, issue 5). The cap K is enforced by the rate
 controller regardless; the balancer only moves the operating point below it, where staleness
 costs less. Each decision is logged with its reason and kept for metrics.jsonl.
 """
@@ -59,6 +62,8 @@ class Balancer:
     self._last_t = time.time()
     self._last_idle = 0.0
     self._last_hist: dict[int, int] = {}
+    self.floor = 1  # the lag rule never pauses below this many active actors
+    self._paused_for_lag = False  # the last decision paused an actor for lag
 
   def _window(self) -> tuple[float, float | None]:
     now = time.time()
@@ -82,16 +87,22 @@ class Balancer:
     # actor while the learner idles would cut consumption as well (the lag sweep measured that:
     # BUILD_NOTES.md, "Balance of production and consumption"); the cap K bounds the lag then.
     busy = idle_frac < self.target_idle
-    if lag_mean > self.target_lag and busy and active > 1:
+    if lag_mean > self.target_lag and busy and active > self.floor:
       reason = (f"mean lag {lag_mean:.2f} > target {self.target_lag:.2f} with the learner busy "
                 f"(idle {100 * idle_frac:.0f}% < {100 * self.target_idle:.0f}%): one actor fewer")
       active -= 1
+      paused_for_lag = True
     elif not busy and active < self.gate.num_actors:
       reason = (f"learner idle {100 * idle_frac:.0f}% >= {100 * self.target_idle:.0f}%: "
                 f"one actor more")
       active += 1
+      if self._paused_for_lag:
+        self.floor = active
+        reason += f"; the pause for lag starved it: not below {active} for lag again"
+      paused_for_lag = False
     else:
       return None
+    self._paused_for_lag = paused_for_lag
     self.gate.set_active(active)
     decision = Decision(wall_s, active, reason)
     self.decisions.append(decision)
