@@ -4,9 +4,9 @@ results section is this output, with the commentary written around it).
   python -m tools.report DIR [--level 4] > report.md
 
 For each suite folder in DIR (in the suite order of tools/benchmark.py): its tables from
-results.md but the per-run ones, headings moved down under `--level`, and a line with its wall time, git revision and
-the range of the 1-minute load average over its rows. The header names the command, the machine
-and the library versions, from the suites' results.json.
+results.md but the per-run ones, headings moved down under `--level`; a table of every suite's
+wall time, row count and the range of the 1-minute load average over its rows. The header names
+the command, the machine and the library versions, from the suites' results.json.
 """
 
 from __future__ import annotations
