@@ -1,11 +1,12 @@
 """Compiled programs kept on disk between runs, so a warm start skips tracing and lowering.
 
 JAX's persistent compilation cache skips XLA's compile, but its key is the lowered program, so a
-warm run still traces and lowers every function first: 0.45 s for the initial state and 0.6 s
-for the update of `cartpole_impala` on this 2-core machine, against about 0.1 s each to load
-the same executables serialised (BUILD_NOTES.md, issue 3). This cache keys an executable by what
-determines it without tracing: the package's source, the library versions, the devices, the
-resolved config (less the fields that never reach a program) and the program's name.
+warm run still traces and lowers every function first: for `cartpole_impala` on this 2-core
+machine 0.61 s for the three programs, against 0.14 s to load them serialised
+(`python -m tools.compile_time --cache_dir=DIR`, run twice; BUILD_NOTES.md, issue 3). This
+cache keys an executable by what determines it without tracing: the package's source, the
+library versions, the devices, the resolved config (less the fields that never reach a
+program) and the program's name.
 
 It lives beside XLA's cache (`<its directory>/executables`), is on where that cache is
 configured (`runtime/setup.py`; `--compilation_cache=false` turns both off), and serves

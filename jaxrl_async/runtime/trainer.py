@@ -190,7 +190,7 @@ class Trainer:
     traced = traced if traced is not None else self._trace_init()
     t0 = time.perf_counter()
     # Init runs once, so its speed does not matter but its compile does: LLVM's optimisation
-    # off cuts that compile by 40% on this CPU (1.2 -> 0.72 s, cold).
+    # off cuts that compile by a quarter here (`python -m tools.compile_time`, BUILD_NOTES.md).
     compiled = self.executables.compile("init", self.devices, traced.lower, _RUN_ONCE_OPTIONS)
     state = compiled(np.int32(self.config.run.seed))
     jax.block_until_ready(state)
