@@ -156,3 +156,10 @@ def test_unknown_suite_exits_2():
   with pytest.raises(SystemExit) as e:
     benchmark.main(["nonsense"])
   assert e.value.code == 2
+
+
+def test_seed_spread_reads_ranges_and_lists():
+  from tools.seed_spread import seed_list
+
+  assert seed_list("0-3,7") == [0, 1, 2, 3, 7]
+  assert seed_list("5") == [5]

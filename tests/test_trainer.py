@@ -24,9 +24,12 @@ def component_threads_alive():
           if t.name == "learner" or t.name.startswith("actor-")]
 
 
+IMPALA_CARTPOLE = dict(num_actors=2, num_envs=16, rollout_len=32, hidden_sizes="64,64",
+                       total_env_steps=120_000, stop_at_return=200.0)
+
+
 def test_learns_cartpole(tmp_path):
-  config = small_config(num_actors=2, num_envs=16, rollout_len=32, hidden_sizes="64,64",
-                        total_env_steps=120_000, stop_at_return=200.0)
+  config = small_config(**IMPALA_CARTPOLE)
   result = run(config, tmp_path)
   s = result.summary
   assert s["solved"], f"return_mean only {s['final_return_mean']} after {s['env_steps']} steps"
