@@ -2,13 +2,13 @@
 
     python -m tools.benchmark SUITE [--out DIR] [--quick] [--tiny]
 
-SUITE is one of throughput, transfer, convergence, startup, lag_sweep, decentralized, scaling,
-algos, or `all` (each into DIR/<suite>; a suite missing from the checkout is reported and skipped).
-Each writes DIR/results.json (raw rows, config, machine, versions, git revision), DIR/results.md
-(tables) and its PNG plots, and prints a progress line per step. `--quick` is the short version
-(minutes); `--tiny` shrinks the sizes further for tests (suites without a tiny size run their
-quick version). Exit status: 0 when every row has a result, 1 when some row failed (its `error`
-says why), 2 for bad arguments.
+SUITE is one of throughput, transfer, convergence, startup, lag_sweep, balance, decentralized,
+scaling, algos, or `all` (each into DIR/<suite>; a suite missing from the checkout is reported and
+skipped). Each writes DIR/results.json (raw rows, config, machine, versions, git revision),
+DIR/results.md (tables) and its PNG plots, and prints a progress line per step. `--quick` is the
+short version (minutes); `--tiny` shrinks the sizes further for tests (suites without a tiny size
+run their quick version). Exit status: 0 when every row has a result, 1 when some row failed (its
+`error` says why), 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 from tools.bench_common import SuiteResult, write_results
 
 # decentralized and algos are other engineers' suites, dispatched the same way.
-SUITES = ("throughput", "transfer", "convergence", "startup", "lag_sweep", "decentralized",
-          "scaling", "algos")
+SUITES = ("throughput", "transfer", "convergence", "startup", "lag_sweep", "balance",
+          "decentralized", "scaling", "algos")
 
 
 def load_suite(name: str) -> Any:

@@ -62,11 +62,23 @@ def run(out_dir: Path, quick: bool, tiny: bool = False,
   grid = [(t, lag, b, "off", s) for t in tasks for lag in lags for b in balances for s in seeds]
   grid += [(t, lag, "off", w, s) for t in tasks for lag in lags if lag in WEIGHTED_LAGS
            for w in weightings if w != "off" for s in seeds]
-  progress = Progress(len(grid), "lag_sweep")
+  rows = run_grid(out_dir, grid, tasks, budget_s, "lag_sweep")
+  plots = [plot_lag_returns(rows, out_dir / "lag_sweep.png")]
+  config = {"preset": PRESET, "tasks": tasks, "lags": lags, "balance": balances,
+            "lag_weighting": weightings, "weighted_lags": WEIGHTED_LAGS,
+            "seeds": seeds, "max_wall_s": budget_s}
+  return SuiteResult(rows, tables(rows), config, plots)
+
+
+def run_grid(out_dir: Path, grid: list[tuple[str, int | None, str, str, int]],
+             tasks: dict[str, dict[str, Any]], budget_s: float, label: str
+             ) -> list[dict[str, Any]]:
+  """One training process per (task, K, balance, lag weighting, seed), in the grid's order."""
+  progress = Progress(len(grid), label)
   rows = []
   for task, lag, balance, weighting, seed in grid:
     name = (f"{task}-K{'free' if lag is None else lag}-{balance}"
-            f"{'' if weighting == 'off' else '-' + weighting}-{seed}")
+            f"{'' if weighting == 'off' else '-' + weighting}-{seed}").replace(" ", "_")
     run_dir = out_dir / "runs" / name
     # NOTE: records every 0.5 s (the default is 2 s): runs here solve in seconds, and the idle
     # fraction and SPS come from the records after the first update.
@@ -80,18 +92,18 @@ def run(out_dir: Path, quick: bool, tiny: bool = False,
         f"solved={row['solved']} at {row['solved_wall_s'] or float('nan'):.1f}s, "
         f"sps {row['sps']:,.0f}, lag {row['policy_lag_mean'] or 0:.2f}/"
         f"{row['policy_lag_max']}, idle {100 * (row['learner_idle_frac'] or 0):.0f}%")))
+  return rows
+
+
+def plot_lag_returns(rows: list[dict[str, Any]], path: Path) -> str:
+  """Return against wall time, a colour per K, a line style per balance (and lag weighting)."""
   ok = [r for r in rows if "error" not in r]
-  # The lag weighting rows get a line style of their own ("off/inverse").
   style = "balance/lag_weighting"
   styled = [{**r, style: r["balance"] + ("" if r.get("lag_weighting", "off") == "off"
                                          else "/" + r["lag_weighting"])} for r in ok]
-  plots = [plot_returns(styled, "max_policy_lag", out_dir / "lag_sweep.png",
-                        "return against wall time per lag cap K (None: no cap)",
-                        style_key=style).name]
-  config = {"preset": PRESET, "tasks": tasks, "lags": lags, "balance": balances,
-            "lag_weighting": weightings, "weighted_lags": WEIGHTED_LAGS,
-            "seeds": seeds, "max_wall_s": budget_s}
-  return SuiteResult(rows, tables(rows), config, plots)
+  return plot_returns(styled, "max_policy_lag", path,
+                      "return against wall time per lag cap K (None: no cap)",
+                      style_key=style).name
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
