@@ -4,6 +4,8 @@ import collections
 import threading
 import types
 
+import pytest
+
 from jaxrl_async import envs
 from jaxrl_async.runtime.balance import ActorGate, Balancer
 from jaxrl_async.runtime.trainer import Trainer
@@ -56,6 +58,34 @@ def test_a_pause_that_starves_the_learner_sets_a_floor():
   assert window(0.4, {2: 10}) is not None and gate.active == 3  # idle: one more, as always
   assert b.floor == 2  # an increase without a pause before it moves no floor
   assert window(0.05, {2: 10}) is not None and gate.active == 2  # above the floor: may pause
+
+
+def fake_actors(n):
+  timers = lambda: types.SimpleNamespace(rollouts=0, permit_s=0.0, put_s=0.0, paused_s=0.0)
+  return [types.SimpleNamespace(timers=timers()) for _ in range(n)]
+
+
+def test_a_pause_is_made_only_if_the_other_actors_can_feed_the_learner():
+  """Production against consumption: 2 actors each make 10 rollouts per unblocked second; the
+  learner takes 12 per busy second. One actor cannot feed it: hold. When it takes 8: pause."""
+  gate = ActorGate(2)
+  learner, controller = fake()
+  actors = fake_actors(2)
+  b = Balancer(gate, learner, controller, target_lag=0.5, target_idle=0.2, every_s=1.0,
+               actors=actors)
+
+  def window(learned):
+    b._last_t -= 1.0
+    for a in actors:  # blocked half the window, 5 rollouts in the other half
+      a.timers.rollouts += 5
+      a.timers.permit_s += 0.5
+    controller.lag_hist.update({2: learned})  # busy, mean lag 2 > 0.5
+    return b.step(0.0)
+
+  assert window(12) is None and gate.active == 2
+  assert b._capacity == pytest.approx((10.0, 12.0), rel=1e-3)
+  d = window(8)
+  assert d is not None and gate.active == 1 and "1 actors make 10.0 rollouts/s" in d.reason
 
 
 def test_high_lag_with_an_idle_learner_keeps_every_actor():

@@ -309,7 +309,7 @@ class Trainer:
       self.cluster.attach(monitor, stats)
     if gate is not None:
       monitor.balancer = Balancer(gate, learner, controller, cfg.rate.target_lag,
-                                  cfg.rate.target_idle, cfg.rate.balance_every_s)
+                                  cfg.rate.target_idle, cfg.rate.balance_every_s, actors)
     learner.after_update = self._checkpoint_hook(learner, controller, monitor, stats)
     try:
       reason = self._supervise(threads, learner, stats, monitor)
