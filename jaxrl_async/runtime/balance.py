@@ -8,8 +8,8 @@ learner idle, it is undone and the balancer does not pause for lag below that co
 alternate every step (measured: BUILD_NOTES.md, issue 5). Before pausing, the balancer checks
 production against consumption: the active actors' rate while not blocked (rollouts per
 actor-second) times one actor fewer must still cover what the learner takes per busy second;
-if not, the pause would only starve the learner, so it holds (a probe that is undone cost 5-10%
-of the learner's time in the balance suite). The cap K is enforced by the rate
+if not, the pause would only starve the learner, so it holds (the pause it then undid left the
+learner idle ~6% of the run in the balance suite). The cap K is enforced by the rate
 controller regardless; the balancer only moves the operating point below it, where staleness
 costs less. Each decision is logged with its reason and kept for metrics.jsonl.
 """

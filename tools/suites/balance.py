@@ -2,9 +2,9 @@
 
 The lag sweep runs the cartpole_impala preset, whose learner idles 80-94% of the time on this
 machine, so auto has nothing to decide there (BUILD_NOTES.md, issue 5). Here the same preset
-has a network 8x wider (`--hidden_sizes=512,512`), which keeps the learner busy ~95% of the
-time: production outruns consumption, lag builds up to the cap, and auto's rule (pause an
-actor while the lag is over target and the learner busy; undo a pause that starves it) acts.
+has a network 8x wider (`--hidden_sizes=512,512`): at K >= 8 the learner never idles, the
+actors wait for it, the mean lag is ~2, and auto's lag rule (pause an actor while the lag is
+over target and the learner busy, if the other actors can still feed it) has a case to judge.
 
 Fixed settings: balance off at K in {0, 1, 2, 8} and with no cap; auto at K = 8 and with no
 cap. 10 seeds each (4 with --quick, 1 with --tiny), run seed by seed so that a change in the
