@@ -166,8 +166,6 @@ def test_seed_spread_reads_ranges_and_lists():
 
 
 def test_balance_verdict_counts_unsolved_runs_as_the_budget():
-  from tools.suites import balance
-
   def row(lag, mode, t):
     return {"max_policy_lag": lag, "balance": mode, "solved": t is not None, "solved_wall_s": t}
 
@@ -175,9 +173,9 @@ def test_balance_verdict_counts_unsolved_runs_as_the_budget():
           + [row(8, "off", t) for t in (10.0, 11.0, 12.0)]
           + [row(None, "off", t) for t in (None, None, 30.0)]  # median: the 90 s budget
           + [row(8, "auto", t) for t in (10.5, 11.5, 12.5)])
-  times = balance.times_by_setting(rows, 90.0)
-  assert times[None, "off"] == [90.0, 90.0, 30.0]
-  (v,) = balance.verdict(rows, 90.0, draws=200)
+  times = lag_sweep.times_by_setting(rows, 90.0)
+  assert times[None, None, "off"] == [90.0, 90.0, 30.0]
+  (v,) = lag_sweep.balance_verdict(rows, 90.0, draws=200)
   assert v["best_fixed"] == "K=8" and v["best_fixed_s"] == 11.0 and v["median_fixed_s"] == 22.0
   assert v["auto_vs_best"] == 11.5 / 11.0 and v["within_10%_of_best"] and v["beats_median"]
   lo, hi = map(float, v["auto_vs_best_90%"].split("-"))

@@ -44,6 +44,7 @@ def main() -> int:
   from jaxrl_async import envs
   from jaxrl_async.config import TrainConfig
   from jaxrl_async.runtime.trainer import Trainer
+  from tools.suites.convergence import read_records
 
   over = json.loads(args.flags)
   if args.values:
@@ -63,7 +64,7 @@ def main() -> int:
       run_dir = Path(tmp) / str(seed)
       t0 = time.perf_counter()
       s = Trainer(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run().summary
-      returns = [r["return_mean"] for r in map(json.loads, open(run_dir / "metrics.jsonl"))
+      returns = [r["return_mean"] for r in read_records(run_dir)
                  if r.get("return_mean") is not None]
       print(f"seed {seed}: solved={s['solved']} env_steps={s['env_steps']} "
             f"final={s['final_return_mean']} best={max(returns, default=None)} "

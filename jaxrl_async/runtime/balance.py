@@ -113,19 +113,19 @@ class Balancer:
     # actor while the learner idles would cut consumption as well (the lag sweep measured that:
     # BUILD_NOTES.md, "Balance of production and consumption"); the cap K bounds the lag then.
     busy = idle_frac < self.target_idle
-    if lag_mean > self.target_lag and busy and active > self.floor and not feeds:
+    per_actor, takes = self._capacity
+    pause = lag_mean > self.target_lag and busy and active > self.floor  # for lag
+    if pause and not feeds:
       if not self._held:
-        per_actor, takes = self._capacity
         logging.info("balance: mean lag %.2f > target %.2f, but %d actors make %.1f rollouts/s "
                      "and the learner takes %.1f: holding %d (logged once)", lag_mean,
                      self.target_lag, active - 1, (active - 1) * per_actor, takes, active)
         self._held = True
       return None
-    if lag_mean > self.target_lag and busy and active > self.floor:
+    if pause:  # and the other actors can feed the learner
       reason = (f"mean lag {lag_mean:.2f} > target {self.target_lag:.2f} with the learner busy "
                 f"(idle {100 * idle_frac:.0f}% < {100 * self.target_idle:.0f}%)")
       if self.actors:
-        per_actor, takes = self._capacity
         reason += (f" and {active - 1} actors make {(active - 1) * per_actor:.1f} rollouts/s "
                    f">= the {takes:.1f} it takes")
       reason += ": one actor fewer"
