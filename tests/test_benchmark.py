@@ -1,16 +1,19 @@
 """The benchmark suite: the quick throughput suite end to end at test sizes, and the pieces the
 suites compute their rows with."""
 
+import argparse
 import importlib
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
 from tools import benchmark
-from tools.suites import convergence, lag_sweep, throughput
+from tools.bench_common import SuiteResult
+from tools.suites import balance, convergence, lag_sweep, throughput
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -158,11 +161,56 @@ def test_unknown_suite_exits_2():
   assert e.value.code == 2
 
 
-def test_seed_spread_reads_ranges_and_lists():
-  from tools.seed_spread import seed_list
+def test_seed_lists_read_ranges_and_refuse_bad_ones():
+  from tools.bench_common import seed_list
 
   assert seed_list("0-3,7") == [0, 1, 2, 3, 7]
   assert seed_list("5") == [5]
+  for bad in ("x", "3-1", ""):
+    with pytest.raises(argparse.ArgumentTypeError, match=repr(bad)):
+      seed_list(bad)
+
+
+def test_seeds_reach_the_suites_that_run_seeds_and_are_refused_elsewhere(monkeypatch, tmp_path):
+  got = {}
+
+  def run(out_dir, quick, tiny=False, seeds=None):
+    got.update(quick=quick, seeds=seeds)
+    return SuiteResult([], "", {})
+
+  monkeypatch.setattr(benchmark, "load_suite", lambda name: types.SimpleNamespace(run=run))
+  assert benchmark.main(["balance", "--seeds=10-12", "--out", str(tmp_path)]) == 0
+  assert got == {"quick": False, "seeds": [10, 11, 12]}
+  with pytest.raises(SystemExit) as e:
+    benchmark.main(["startup", "--seeds=3"])
+  assert e.value.code == 2
+
+
+def test_balance_regimes_follow_the_task_variable(monkeypatch):
+  monkeypatch.delenv("JAXRL_BENCH_TASKS", raising=False)
+  assert list(balance.regimes()) == ["CartPole-v1 (hidden 512,512)"]
+  monkeypatch.setenv("JAXRL_BENCH_TASKS", "breakout,8_actors")  # another suite's task: ignored
+  assert balance.regimes() == {"CartPole-v1 (hidden 512,512, 8 actors)":
+                               {"hidden_sizes": "512,512", "num_actors": 8}}
+
+
+def test_balance_pools_results_of_several_runs(tmp_path, capsys):
+  def row(lag, mode, t, seed):
+    return {"task": "T", "max_policy_lag": lag, "balance": mode, "seed": seed, "solved": True,
+            "solved_wall_s": t, "solved_env_steps": 1000}
+
+  for i, base in enumerate((10.0, 20.0)):
+    rows = [row(lag, mode, base + j + k, 3 * i + j) for j in range(3)
+            for k, (lag, mode) in enumerate([(8, "off"), (1, "off"), (8, "auto")])]
+    (tmp_path / str(i)).mkdir()
+    (tmp_path / str(i) / "results.json").write_text(json.dumps({"rows": rows}))
+  assert balance.main([str(tmp_path / "0"), str(tmp_path / "1")]) == 0
+  out = capsys.readouterr().out
+  assert "| T | 8 | off | off | 6/6 |" in out and "auto K=8: 6 seeds" in out
+  assert balance.seeds_for({"auto_vs_best": 1.0, "auto_vs_best_90%": "0.8-1.2"}, 10) == 40
+  with pytest.raises(SystemExit) as e:
+    balance.main([str(tmp_path / "missing")])
+  assert e.value.code == 2
 
 
 def test_balance_verdict_counts_unsolved_runs_as_the_budget():

@@ -7,6 +7,7 @@ A suite is a module in `tools/suites/` with `run(out_dir: Path, quick: bool) -> 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib.metadata
 import json
@@ -20,6 +21,21 @@ from typing import Any
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "envpool", "numpy", "orbax-checkpoint", "rlax",
              "pyzmq")
+
+
+def seed_list(text: str) -> list[int]:
+  """"0-3,7" -> [0, 1, 2, 3, 7] (an argparse type: a bad list is a usage error, exit 2)."""
+  out: list[int] = []
+  try:
+    for part in text.split(","):
+      lo, _, hi = part.partition("-")
+      out += list(range(int(lo), int(hi or lo) + 1))
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: want ranges and numbers, e.g. 0-9 or 0,3,5") from None
+  if not out:
+    raise argparse.ArgumentTypeError(f"{text!r}: no seeds (a range is low-high, low <= high)")
+  return out
 
 
 @dataclasses.dataclass

@@ -1,14 +1,16 @@
 """The reproducible benchmark suite.
 
-    python -m tools.benchmark SUITE [--out DIR] [--quick] [--tiny]
+    python -m tools.benchmark SUITE [--out DIR] [--quick] [--tiny] [--seeds LIST]
 
 SUITE is one of throughput, transfer, convergence, startup, lag_sweep, balance, decentralized,
 scaling, algos, or `all` (each into DIR/<suite>; a suite missing from the checkout is reported and
 skipped). Each writes DIR/results.json (raw rows, config, machine, versions, git revision),
 DIR/results.md (tables) and its PNG plots, and prints a progress line per step. `--quick` is the
 short version (minutes); `--tiny` shrinks the sizes further for tests (suites without a tiny size
-run their quick version). Exit status: 0 when every row has a result, 1 when some row failed (its
-`error` says why), 2 for bad arguments.
+run their quick version). `--seeds` (e.g. 10-19) replaces the seeds of the suites that run seeds
+(lag_sweep, balance), so a study can be extended and pooled later
+(`python -m tools.suites.balance DIR ...`). Exit status: 0 when every row has a result, 1 when
+some row failed (its `error` says why), 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.bench_common import SuiteResult, write_results
+from tools.bench_common import SuiteResult, seed_list, write_results
 
 # decentralized and algos are other engineers' suites, dispatched the same way.
 SUITES = ("throughput", "transfer", "convergence", "startup", "lag_sweep", "balance",
           "decentralized", "scaling", "algos")
+SEEDED = ("lag_sweep", "balance")  # their run() takes `seeds`
 
 
 def load_suite(name: str) -> Any:
@@ -41,9 +44,13 @@ def load_suite(name: str) -> Any:
                      "does not exist in this checkout") from e
 
 
-def run_suite(name: str, out_dir: Path, quick: bool, tiny: bool, command: str) -> SuiteResult:
+def run_suite(name: str, out_dir: Path, quick: bool, tiny: bool, command: str,
+              seeds: list[int] | None = None) -> SuiteResult:
   module = load_suite(name)
-  kwargs = {"tiny": True} if tiny and "tiny" in inspect.signature(module.run).parameters else {}
+  params = inspect.signature(module.run).parameters
+  kwargs: dict[str, Any] = {"tiny": True} if tiny and "tiny" in params else {}
+  if seeds is not None and "seeds" in params:
+    kwargs["seeds"] = seeds
   t0 = time.time()
   result = module.run(out_dir, quick or tiny, **kwargs)
   result.config = {**result.config, "quick": quick, "tiny": tiny,
@@ -64,7 +71,12 @@ def main(argv: list[str] | None = None) -> int:
                       help="Results folder (default: bench_out/<suite>).")
   parser.add_argument("--quick", action="store_true", help="The short version of the suite.")
   parser.add_argument("--tiny", action="store_true", help="Test sizes (implies --quick).")
+  parser.add_argument("--seeds", type=seed_list, default=None,
+                      help="Seeds for lag_sweep and balance, e.g. 10-19 or 0,3,5.")
   args = parser.parse_args(argv)
+  if args.seeds is not None and args.suite not in SEEDED + ("all",):
+    parser.error(f"--seeds={','.join(map(str, args.seeds))}: only {', '.join(SEEDED)} run "
+                 f"seeds, not {args.suite}")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   command = shlex.join(["python", "-m", "tools.benchmark", *argv])
   names = SUITES if args.suite == "all" else (args.suite,)
@@ -73,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
   for name in names:
     out_dir = base / name if args.suite == "all" else base
     try:
-      result = run_suite(name, out_dir, args.quick, args.tiny, command)
+      result = run_suite(name, out_dir, args.quick, args.tiny, command, args.seeds)
     except SystemExit as e:
       if args.suite != "all":
         raise

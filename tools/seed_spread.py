@@ -22,14 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def seed_list(text: str) -> list[int]:
-  """"0-3,7" -> [0, 1, 2, 3, 7]."""
-  out: list[int] = []
-  for part in text.split(","):
-    lo, _, hi = part.partition("-")
-    out += list(range(int(lo), int(hi or lo) + 1))
-  return out
+from tools.bench_common import seed_list
 
 
 def main() -> int:
@@ -38,7 +31,7 @@ def main() -> int:
   group.add_argument("--values", help="module:NAME of a dict of flat settings (a test's)")
   group.add_argument("--preset", help="a preset of experiments/presets.py")
   parser.add_argument("--flags", default="{}", help="JSON dict of settings over those")
-  parser.add_argument("--seeds", default="0-9", help="e.g. 0-29 or 0,3,5")
+  parser.add_argument("--seeds", default="0-9", type=seed_list, help="e.g. 0-29 or 0,3,5")
   args = parser.parse_args()
 
   from jaxrl_async import envs
@@ -57,7 +50,7 @@ def main() -> int:
     from experiments.presets import preset
 
     make = lambda seed: TrainConfig.from_flat({**preset(args.preset), **over, "seed": seed})
-  solved_steps, seeds = [], seed_list(args.seeds)
+  solved_steps, seeds = [], args.seeds
   with tempfile.TemporaryDirectory() as tmp:
     for seed in seeds:
       config = make(seed)

@@ -3,10 +3,11 @@
 CartPole-v1 and Acrobot-v1 (the cartpole_impala settings; Acrobot solved at -100), with
 `--max_policy_lag` K in {0, 1, 2, 4, 8} and with no cap (`--free_running`), balance off and
 auto (auto only where the config has a `balance` field), 3 seeds each; `--quick`: CartPole only,
-1 seed. Each run is a separate training process. A row per (task, setting, seed) carries
-`max_policy_lag` (null for no cap), `balance`, `seed`, `solved`, `solved_wall_s`,
-`solved_env_steps`, `sps`, `policy_lag_mean`, `policy_lag_max`, `dropped_stale` and
-`learner_idle_frac` (from summary.json and metrics.jsonl), and `lag_weighting`. The grid runs
+1 seed; `seeds` replaces the seeds. Each run is a separate training process. A row per (task,
+setting, seed) carries `max_policy_lag` (null for no cap), `balance`, `seed`, `solved`,
+`solved_wall_s`, `solved_env_steps`, `sps`, `policy_lag_mean`, `policy_lag_max`,
+`dropped_stale` and `learner_idle_frac` (from summary.json and metrics.jsonl), and
+`lag_weighting`. The grid runs
 lag weighting off; `run(..., weightings=("off", "inverse"))` adds, at the larger caps and with no
 cap (`WEIGHTED_LAGS`), balance off, each seed with `--lag_weighting=inverse` (not by default: it
 did not clearly help the preset, BUILD_NOTES.md, "Staleness correction").
@@ -54,9 +55,9 @@ def setting_flags(lag: int | None, balance: str, lag_weighting: str = "off") -> 
 
 
 def run(out_dir: Path, quick: bool, tiny: bool = False,
-        weightings: tuple[str, ...] = ("off",)) -> SuiteResult:
+        weightings: tuple[str, ...] = ("off",), seeds: list[int] | None = None) -> SuiteResult:
   tasks = {"CartPole-v1": TASKS["CartPole-v1"]} if quick or tiny else TASKS
-  seeds = (0,) if quick or tiny else (0, 1, 2)
+  seeds = seeds or ([0] if quick or tiny else [0, 1, 2])
   lags = (0, 1, None) if tiny else LAGS
   balances = balance_modes()
   # NOTE: a run that does not solve costs its whole budget; 120 s is 5-10x a typical solve.
