@@ -4,6 +4,8 @@ suites compute their rows with."""
 import argparse
 import importlib
 import json
+import math
+import statistics
 import subprocess
 import sys
 import types
@@ -207,6 +209,9 @@ def test_balance_pools_results_of_several_runs(tmp_path, capsys):
   assert balance.main([str(tmp_path / "0"), str(tmp_path / "1")]) == 0
   out = capsys.readouterr().out
   assert "| T | 8 | off | off | 6/6 |" in out and "auto K=8: 6 seeds" in out
+  # K=8 off took 10, 11, 12, 20, 21, 22 s: the spread of their logs sets the seeds needed.
+  sd = statistics.stdev(math.log(t) for t in (10, 11, 12, 20, 21, 22))
+  assert f"T, K=8 off: sd of log time {sd:.2f} over 6 seeds" in out
   assert balance.seeds_for({"auto_vs_best": 1.0, "auto_vs_best_90%": "0.8-1.2"}, 10) == 40
   with pytest.raises(SystemExit) as e:
     balance.main([str(tmp_path / "missing")])

@@ -27,11 +27,19 @@ import argparse
 import json
 import math
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
 from tools.bench_common import SuiteResult
-from tools.suites.lag_sweep import PRESET, balance_verdict, plot_lag_returns, run_grid, tables
+from tools.suites.lag_sweep import (
+  PRESET,
+  balance_verdict,
+  plot_lag_returns,
+  run_grid,
+  tables,
+  times_by_setting,
+)
 
 REGIMES = {
     "2_actors": ("CartPole-v1 (hidden 512,512)", {"hidden_sizes": "512,512"}),
@@ -85,6 +93,14 @@ def main(argv: list[str] | None = None) -> int:
       parser.error(f"{d}: no results.json there")
     rows += json.loads(path.read_text())["rows"]
   print(tables(rows, BUDGET_S).split("\n## Every run")[0])
+  # The spread that sets how many seeds a verdict needs: a ratio of two medians at n seeds has a
+  # 90% interval of about +-2.9 sd/sqrt(n) in log time (a median's error taken as 1.25 sd/sqrt n).
+  for (task, lag, mode), times in times_by_setting(rows, BUDGET_S).items():
+    logs = [math.log(t) for t in times]
+    sd = statistics.stdev(logs) if len(logs) > 1 else float("nan")
+    print(f"{task}, K={'none' if lag is None else lag} {mode}: sd of log time {sd:.2f} over "
+          f"{len(logs)} seeds; +-10% needs about {math.ceil((2.9 * sd / 0.1) ** 2)} seeds"
+          if sd == sd else f"{task}, K={lag} {mode}: one seed")
   for v in balance_verdict(rows, BUDGET_S):
     lag = None if v["K"] == "none" else v["K"]
     n = sum(r.get("task") == v["task"] and r["balance"] == "auto" and r["max_policy_lag"] == lag
