@@ -96,11 +96,13 @@ def main(argv: list[str] | None = None) -> int:
   # The spread that sets how many seeds a verdict needs: a ratio of two medians at n seeds has a
   # 90% interval of about +-2.9 sd/sqrt(n) in log time (a median's error taken as 1.25 sd/sqrt n).
   for (task, lag, mode), times in times_by_setting(rows, BUDGET_S).items():
-    logs = [math.log(t) for t in times]
-    sd = statistics.stdev(logs) if len(logs) > 1 else float("nan")
-    print(f"{task}, K={'none' if lag is None else lag} {mode}: sd of log time {sd:.2f} over "
-          f"{len(logs)} seeds; +-10% needs about {math.ceil((2.9 * sd / 0.1) ** 2)} seeds"
-          if sd == sd else f"{task}, K={lag} {mode}: one seed")
+    name = f"{task}, K={'none' if lag is None else lag} {mode}"
+    if len(times) < 2:
+      print(f"{name}: one seed, no spread")
+      continue
+    sd = statistics.stdev(math.log(t) for t in times)
+    print(f"{name}: sd of log time {sd:.2f} over {len(times)} seeds; +-10% needs about "
+          f"{math.ceil((2.9 * sd / 0.1) ** 2)} seeds")
   for v in balance_verdict(rows, BUDGET_S):
     lag = None if v["K"] == "none" else v["K"]
     n = sum(r.get("task") == v["task"] and r["balance"] == "auto" and r["max_policy_lag"] == lag
