@@ -180,7 +180,11 @@ def test_seeds_reach_the_suites_that_run_seeds_and_are_refused_elsewhere(monkeyp
     got.update(quick=quick, seeds=seeds)
     return SuiteResult([], "", {})
 
-  monkeypatch.setattr(benchmark, "load_suite", lambda name: types.SimpleNamespace(run=run))
+  def unseeded(out_dir, quick, tiny=False):
+    raise AssertionError("a suite without seeds must not start")
+
+  monkeypatch.setattr(benchmark, "load_suite", lambda name: types.SimpleNamespace(
+      run=run if name == "balance" else unseeded))
   assert benchmark.main(["balance", "--seeds=10-12", "--out", str(tmp_path)]) == 0
   assert got == {"quick": False, "seeds": [10, 11, 12]}
   with pytest.raises(SystemExit) as e:
@@ -205,7 +209,8 @@ def test_balance_pools_results_of_several_runs(tmp_path, capsys):
     rows = [row(lag, mode, base + j + k, 3 * i + j) for j in range(3)
             for k, (lag, mode) in enumerate([(8, "off"), (1, "off"), (8, "auto")])]
     (tmp_path / str(i)).mkdir()
-    (tmp_path / str(i) / "results.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / str(i) / "results.json").write_text(
+        json.dumps({"config": {"max_wall_s": 90.0}, "rows": rows}))
   assert balance.main([str(tmp_path / "0"), str(tmp_path / "1")]) == 0
   out = capsys.readouterr().out
   assert "| T | 8 | off | off | 6/6 |" in out and "auto K=8: 6 seeds" in out
@@ -215,6 +220,13 @@ def test_balance_pools_results_of_several_runs(tmp_path, capsys):
   assert balance.seeds_for({"auto_vs_best": 1.0, "auto_vs_best_90%": "0.8-1.2"}, 10) == 40
   with pytest.raises(SystemExit) as e:
     balance.main([str(tmp_path / "missing")])
+  assert e.value.code == 2
+  # An unsolved run counts as its budget, so runs of different budgets do not pool.
+  (tmp_path / "2").mkdir()
+  (tmp_path / "2" / "results.json").write_text(
+      json.dumps({"config": {"max_wall_s": 120.0}, "rows": []}))
+  with pytest.raises(SystemExit) as e:
+    balance.main([str(tmp_path / "0"), str(tmp_path / "2")])
   assert e.value.code == 2
 
 

@@ -48,7 +48,6 @@ REGIMES = {
 }
 FIXED: tuple[int | None, ...] = (0, 1, 2, 8, None)
 AUTO: tuple[int | None, ...] = (8, None)
-BUDGET_S = 90.0
 
 
 def regimes() -> dict[str, dict[str, Any]]:
@@ -62,7 +61,7 @@ def run(out_dir: Path, quick: bool, tiny: bool = False,
         seeds: list[int] | None = None) -> SuiteResult:
   seeds = seeds or list(range(1 if tiny else 4 if quick else 10))
   fixed, auto = ((0, None), (None,)) if tiny else (FIXED, AUTO)
-  budget_s = 40.0 if tiny else BUDGET_S
+  budget_s = 40.0 if tiny else 90.0
   tasks = regimes()
   settings = [(lag, "off") for lag in fixed] + [(lag, "auto") for lag in auto]
   grid = [(task, lag, balance, "off", s) for task in tasks for s in seeds
@@ -87,26 +86,34 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("dirs", nargs="+", type=Path, help="folders holding a results.json")
   args = parser.parse_args(argv)
   rows: list[dict[str, Any]] = []
+  budgets = {}  # an unsolved run counts as its budget: pooled runs must share one
   for d in args.dirs:
     path = d / "results.json"
     if not path.is_file():
       parser.error(f"{d}: no results.json there")
-    rows += json.loads(path.read_text())["rows"]
-  print(tables(rows, BUDGET_S).split("\n## Every run")[0])
+    record = json.loads(path.read_text())
+    budget = record.get("config", {}).get("max_wall_s")
+    if budget is None:
+      parser.error(f"{path}: no config.max_wall_s (the budget an unsolved run counts as)")
+    budgets[str(d)] = budget
+    rows += record["rows"]
+  if len(set(budgets.values())) > 1:
+    parser.error(f"budgets differ ({budgets}): pool runs of one max_wall_s")
+  budget_s = next(iter(budgets.values()))
+  print(tables(rows, budget_s).split("\n## Every run")[0])
+  times = times_by_setting(rows, budget_s)
   # The spread that sets how many seeds a verdict needs: a ratio of two medians at n seeds has a
   # 90% interval of about +-2.9 sd/sqrt(n) in log time (a median's error taken as 1.25 sd/sqrt n).
-  for (task, lag, mode), times in times_by_setting(rows, BUDGET_S).items():
+  for (task, lag, mode), ts in times.items():
     name = f"{task}, K={'none' if lag is None else lag} {mode}"
-    if len(times) < 2:
+    if len(ts) < 2:
       print(f"{name}: one seed, no spread")
       continue
-    sd = statistics.stdev(math.log(t) for t in times)
-    print(f"{name}: sd of log time {sd:.2f} over {len(times)} seeds; +-10% needs about "
+    sd = statistics.stdev(math.log(t) for t in ts)
+    print(f"{name}: sd of log time {sd:.2f} over {len(ts)} seeds; +-10% needs about "
           f"{math.ceil((2.9 * sd / 0.1) ** 2)} seeds")
-  for v in balance_verdict(rows, BUDGET_S):
-    lag = None if v["K"] == "none" else v["K"]
-    n = sum(r.get("task") == v["task"] and r["balance"] == "auto" and r["max_policy_lag"] == lag
-            for r in rows)
+  for v in balance_verdict(rows, budget_s):
+    n = len(times[v["task"], None if v["K"] == "none" else v["K"], "auto"])
     print(f"{v['task']}, auto K={v['K']}: {n} seeds; a +-0.10 interval of auto_vs_best needs "
           f"about {seeds_for(v, n)}")
   return 0

@@ -7,10 +7,10 @@ auto (auto only where the config has a `balance` field), 3 seeds each; `--quick`
 setting, seed) carries `max_policy_lag` (null for no cap), `balance`, `seed`, `solved`,
 `solved_wall_s`, `solved_env_steps`, `sps`, `policy_lag_mean`, `policy_lag_max`,
 `dropped_stale` and `learner_idle_frac` (from summary.json and metrics.jsonl), and
-`lag_weighting`. The grid runs
-lag weighting off; `run(..., weightings=("off", "inverse"))` adds, at the larger caps and with no
-cap (`WEIGHTED_LAGS`), balance off, each seed with `--lag_weighting=inverse` (not by default: it
-did not clearly help the preset, BUILD_NOTES.md, "Staleness correction").
+`lag_weighting`. The grid runs lag weighting off; `run(..., weightings=("off", "inverse"))`
+adds, at the larger caps and with no cap (`WEIGHTED_LAGS`), balance off, each seed with
+`--lag_weighting=inverse` (not by default: it did not clearly help the preset, BUILD_NOTES.md,
+"Staleness correction").
 """
 
 from __future__ import annotations
