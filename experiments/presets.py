@@ -1,4 +1,10 @@
-"""Named presets: flat {flag: value} overrides of the config defaults. Explicit flags win."""
+"""Named presets: flat {flag: value} overrides of the config defaults. Explicit flags win.
+
+A preset holds an algorithm's settings. How many actor threads run, and on a bigger host how
+many envs and EnvPool threads each has, is the layout's choice (jaxrl_async/layout.py,
+`--layout`): the envs given here are the ones tuned on the 2-core CPU of BUILD_NOTES.md, and
+stand there. Synchronous presets (K = 0) name their one actor: its envs are their batch.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         # V-trace corrects both the lag and the reuse of 4 epochs x 2 minibatches; reuse makes
         # IMPALA about 4x more sample-efficient here, and APPO's ratio clip keeps the reuse
         # from collapsing the policy (BUILD_NOTES.md, "The spine on CartPole-v1").
-        algo="impala", env_id="CartPole-v1", num_actors=2, num_envs=16, rollout_len=16,
+        algo="impala", env_id="CartPole-v1", num_envs=16, rollout_len=16,
         max_policy_lag=1, learning_rate=1e-3, discount=0.99, vtrace_lambda=0.95,
         entropy_coef=0.01, hidden_sizes="64,64", num_epochs=4, num_minibatches=2,
         clip_eps=0.2, total_env_steps=1_000_000, stop_at_return=475.0),
@@ -25,7 +31,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # 1 seed of 3), 16 sampled per inserted transition (8 solved 22 seeds of 30, 16 solved 28:
     # BUILD_NOTES.md, "DQN's spread"), 4 gradient steps per compiled call.
     "cartpole_dqn": dict(
-        algo="dqn", env_id="CartPole-v1", num_actors=2, num_envs=8, rollout_len=16,
+        algo="dqn", env_id="CartPole-v1", num_envs=8, rollout_len=16,
         free_running=True, learning_rate=1e-3, discount=0.99, n_step=3, batch_size=128,
         steps_per_dispatch=4, replay_size=50_000, min_replay_size=1_000,
         samples_per_insert=16.0, spi_tolerance=1.5, target_update_every=0, target_tau=0.02,
@@ -54,14 +60,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     # episode, as in Cleanba/CleanRL), and off for Pong, which has no lives.
     "breakout_impala": dict(
         algo="impala", env_id="Breakout-v5", episodic_life=True, reward_clip=True,
-        frame_stack=4, network="impala_resnet", num_actors=2, num_envs=16, rollout_len=32,
+        frame_stack=4, network="impala_resnet", num_envs=16, rollout_len=32,
         max_policy_lag=1, learning_rate=6e-4, anneal_lr=True, discount=0.99,
         vtrace_lambda=1.0, entropy_coef=0.01, value_coef=0.5, max_grad_norm=40.0,
         num_epochs=1, num_minibatches=1, total_env_steps=10_000_000,
         stop_at_return=float("nan")),
     "pong_impala": dict(
         algo="impala", env_id="Pong-v5", episodic_life=False, reward_clip=True, frame_stack=4,
-        network="impala_resnet", num_actors=2, num_envs=16, rollout_len=32, max_policy_lag=1,
+        network="impala_resnet", num_envs=16, rollout_len=32, max_policy_lag=1,
         learning_rate=6e-4, anneal_lr=True, discount=0.99, vtrace_lambda=1.0,
         entropy_coef=0.01, value_coef=0.5, max_grad_norm=40.0, num_epochs=1,
         num_minibatches=1, total_env_steps=10_000_000, stop_at_return=12.0),
@@ -82,7 +88,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # epsilon to 0.01 over 250k env steps (1M frames), target copied every 2,000 steps.
     "pong_dqn": dict(
         algo="dqn", env_id="Pong-v5", episodic_life=False, reward_clip=True, frame_stack=4,
-        network="nature_cnn", num_actors=2, num_envs=8, rollout_len=32, free_running=True,
+        network="nature_cnn", num_envs=8, rollout_len=32, free_running=True,
         learning_rate=1e-4, discount=0.99, n_step=3, batch_size=32, replay_size=100_000,
         min_replay_size=10_000, samples_per_insert=8.0, spi_tolerance=1.0,
         target_update_every=2_000, epsilon_start=1.0, epsilon_end=0.01,

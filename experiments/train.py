@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 from absl import app, flags, logging
 
@@ -19,6 +20,10 @@ from jaxrl_async.config import ConfigError, TrainConfig
 
 _PRESET = flags.DEFINE_string("preset", "cartpole_impala",
                               f"Named preset: {', '.join(sorted(PRESETS))}.")
+_LAYOUT = flags.DEFINE_string(
+    "layout", "auto", "Sizes from the host: auto chooses actors, envs, env threads and rollouts "
+    "per update from the cores and devices present (jaxrl_async/layout.py); preset keeps the "
+    "preset's. Explicit flags win either way.")
 _QUIET = flags.DEFINE_bool("quiet", False, "No progress lines on the console.")
 _DEFINERS = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
              str: flags.DEFINE_string}
@@ -29,17 +34,28 @@ _CONFIG_FLAGS = {
 }
 
 
-def resolve_config(argv_flags: dict | None = None) -> TrainConfig:
-  """The preset, overridden by every flag given explicitly."""
+def explicit_values() -> dict:
+  """The config flags given on the command line."""
+  return {name: holder.value for name, holder in _CONFIG_FLAGS.items()
+          if holder.value is not None}
+
+
+def resolve_config(host=None) -> tuple[TrainConfig, Any]:
+  """The preset, with the layout's sizes for `host` (none: the preset's), overridden by every
+  flag given explicitly; and the Layout (None without a host)."""
   values = preset(_PRESET.value)
-  values.update({name: holder.value for name, holder in _CONFIG_FLAGS.items()
-                 if holder.value is not None})
+  values.update(explicit_values())
+  chosen = None
+  if host is not None:
+    from jaxrl_async import layout
+
+    values, chosen = layout.choose(_LAYOUT.value, values, set(explicit_values()), host)
   algo_fields = TrainConfig.flag_fields(values.get("algo", "impala"))
   stray = [n for n in values if n not in algo_fields]
   if stray:
     raise ConfigError(stray[0], values[stray[0]],
                       f"is not a setting of --algo={values.get('algo', 'impala')}")
-  return TrainConfig.from_flat(values)
+  return TrainConfig.from_flat(values), chosen
 
 
 def main(argv: list[str]) -> int:
@@ -49,7 +65,11 @@ def main(argv: list[str]) -> int:
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax and absl chatter at INFO
   try:
-    config = resolve_config()
+    from jaxrl_async.layout import LAYOUTS
+
+    if _LAYOUT.value not in LAYOUTS:
+      raise ConfigError("layout", _LAYOUT.value, f"must be one of {', '.join(LAYOUTS)}")
+    config, _ = resolve_config()
     from jaxrl_async.runtime import setup  # imports JAX; after the cheap checks
 
     setup.configure_jax(config)
@@ -61,7 +81,11 @@ def main(argv: list[str]) -> int:
       except distributed.ClusterError as e:
         print(f"train: {e}", file=sys.stderr)
         return 1
+    from jaxrl_async.layout import detect_host
     from jaxrl_async.metrics import wall_s
+
+    # The sizes depend on the host's devices, which only JAX (after joining a cluster) can see.
+    config, layout = resolve_config(detect_host())
     from jaxrl_async.runtime.trainer import Trainer, check_run_dir, validate
 
     timings = {"import_s": wall_s()}  # process start to every import done
@@ -75,7 +99,8 @@ def main(argv: list[str]) -> int:
   if not config.run.run_dir:
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, run_dir=str(run_dir)))
   try:
-    trainer = Trainer(config, spec, run_dir, quiet=_QUIET.value, timings=timings)
+    trainer = Trainer(config, spec, run_dir, quiet=_QUIET.value, timings=timings,
+                      layout=layout.to_json())
     install_signal_handlers(trainer)
     result = trainer.run()
   except BaseException as e:

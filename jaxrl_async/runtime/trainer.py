@@ -120,8 +120,9 @@ class Trainer:
 
   def __init__(self, config: TrainConfig, spec: envs.EnvSpec | None = None,
                run_dir: Path | None = None, quiet: bool = False, timings: dict | None = None,
-               pool_factory: Any = None):
+               pool_factory: Any = None, layout: dict | None = None):
     self.config = config
+    self.layout_chosen = layout  # jaxrl_async/layout.py's choice, for summary.json
     self.run_dir = Path(run_dir or config.run.run_dir or "runs/default")
     self.spec = spec or validate(config, self.run_dir)
     self.quiet = quiet
@@ -453,6 +454,7 @@ class Trainer:
         "balance_decisions": ([vars(d) for d in monitor.balancer.decisions]
                               if monitor.balancer else []),
         "timings": timings,
+        "layout": self.layout_chosen,
         "config": self.config.to_flat(),
     }
     if self.cluster is not None:
