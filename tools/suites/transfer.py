@@ -7,9 +7,20 @@ pytree of fresh host arrays [T, B, ...] as an actor makes them:
   made as actors make them (`host_buffer`: 64-byte aligned, which a CPU device aliases instead
   of copying when one device holds the whole batch); `put_batch_unaligned`: the same call on
   plain numpy arrays;
+- `put_batch_direct` and `put_batch_staged`: `put_batch(staged=False)` (one `device_put`) and
+  `put_batch(staged=True)` (through the sharding's `pinned_host` memory, then to the device);
+  `put_batch` itself picks the staged path where `sharding.pinned_host_supported` (accelerators;
+  its row's `staged` says which ran);
+- `pinned_copy`: `jax.device_put` to the devices of the same tree already in `pinned_host`
+  memory (placed there before the clock starts): the link's pinned bandwidth as JAX drives it;
 - `memcpy`: `np.copyto` of the same bytes into preallocated host buffers (the hardware's copy
   bandwidth), and `memcpy_alloc`: `np.copy` (allocation included, as a fresh device buffer is).
-Bandwidths are medians over repetitions, in GB/s; the ratio that matters is put_batch / memcpy.
+The three pinned-memory rows are measured only where `pinned_host_supported` (not on the CPU
+backend, whose `pinned_host` memory is the same RAM as its device memory); elsewhere each is a
+row with no bandwidth and `skipped` saying why.
+Bandwidths are medians over repetitions, in GB/s; the ratios that matter are put_batch / memcpy
+(`vs_memcpy`) and, on an accelerator, put_batch / pinned_copy (`vs_pinned_copy`; issue 16's goal
+is >= 0.5).
 Each row also has the minor page faults per call: on the CPU backend a copy into freshly mapped
 device memory faults once per 4 KiB page, which is what bounds it there.
 The mesh spans this process's first device; on a CPU host a second process measures the split
@@ -81,42 +92,88 @@ def _minor_faults() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def measure_payload(name: str, spec: dict[str, Any], mesh: Any, tiny: bool) -> list[dict]:
+def staging_skip_reason(mesh: Any) -> str | None:
+  """None where the pinned-memory rows are measured on `mesh`, else why they are not."""
+  from jaxrl_async.runtime.sharding import PINNED_HOST, memory_kinds, pinned_host_supported
+
+  if pinned_host_supported(mesh):
+    return None
+  platform, kinds = mesh.devices.flat[0].platform, sorted(memory_kinds(mesh))
+  if PINNED_HOST not in kinds:
+    return f"{platform} devices have no {PINNED_HOST} memory (memory kinds: {', '.join(kinds)})"
+  return f"{platform} backend: {PINNED_HOST} is the same RAM as device memory; staging is off"
+
+
+_PINNED_METHODS = ("put_batch_direct", "put_batch_staged", "pinned_copy")
+
+
+def measure_payload(name: str, spec: dict[str, Any], mesh: Any, tiny: bool,
+                    pinned_rows: bool | None = None) -> list[dict]:
   """Each method on the same fresh host trees, methods interleaved within each repetition so
-  that a change in the machine's load hits all of them alike."""
+  that a change in the machine's load hits all of them alike. `pinned_rows`: measure the
+  pinned-memory methods (default: where `pinned_host_supported`; True forces them, e.g. on a
+  CPU device that reports a `pinned_host` memory, to test the code path)."""
   import jax
   import numpy as np
 
-  from jaxrl_async.runtime.sharding import put_batch
+  from jaxrl_async.runtime.sharding import (
+    PINNED_HOST,
+    batch_sharding,
+    pinned_host_supported,
+    put_batch,
+  )
 
   size, reps = nbytes(spec), _reps(nbytes(spec), tiny)
+  skip = staging_skip_reason(mesh)
+  if pinned_rows is None:
+    pinned_rows = skip is None
   dst = make_tree(spec, 0)  # memcpy's preallocated (and already faulted-in) destination
   put = lambda t: jax.block_until_ready(put_batch(t, mesh))
-  methods = {
-      "put_batch": put,
-      "put_batch_unaligned": put,  # the same call on numpy's 16-byte-aligned arrays
-      "memcpy": lambda t: [np.copyto(dst[k], v) for k, v in t.items()],
-      "memcpy_alloc": lambda t: [np.copy(v) for v in t.values()],
+  to_device, to_pinned = batch_sharding(mesh), batch_sharding(mesh).with_memory_kind(PINNED_HOST)
+  # method -> (call, which tree it gets: aligned host, unaligned host, or already pinned)
+  methods: dict[str, tuple[Any, str]] = {
+      "put_batch": (put, "aligned"),
+      "put_batch_unaligned": (put, "unaligned"),  # the same call on numpy's 16-byte alignment
+      "memcpy": (lambda t: [np.copyto(dst[k], v) for k, v in t.items()], "aligned"),
+      "memcpy_alloc": (lambda t: [np.copy(v) for v in t.values()], "aligned"),
   }
+  if pinned_rows:
+    methods.update({
+        "put_batch_direct": (lambda t: jax.block_until_ready(put_batch(t, mesh, staged=False)),
+                             "aligned"),
+        "put_batch_staged": (lambda t: jax.block_until_ready(put_batch(t, mesh, staged=True)),
+                             "aligned"),
+        "pinned_copy": (lambda t: jax.block_until_ready(jax.device_put(t, to_device)), "pinned"),
+    })
   times: dict[str, list[float]] = {m: [] for m in methods}
   faults: dict[str, list[int]] = {m: [] for m in methods}
   for rep in range(reps + 1):
-    trees = {True: make_tree(spec, rep + 1), False: make_tree(spec, rep + 1, aligned=False)}
-    for method, fn in methods.items():
-      tree = trees[method != "put_batch_unaligned"]
+    trees = {"aligned": make_tree(spec, rep + 1),
+             "unaligned": make_tree(spec, rep + 1, aligned=False)}
+    if pinned_rows:  # off the clock: the source pinned_copy starts from
+      trees["pinned"] = jax.block_until_ready(jax.device_put(make_tree(spec, rep + 1), to_pinned))
+    for method, (fn, source) in methods.items():
       f0, t0 = _minor_faults(), time.perf_counter()
-      result = fn(tree)
+      result = fn(trees[source])
       if rep:  # the first repetition pays for one-time set-up
         times[method].append(time.perf_counter() - t0)
         faults[method].append(_minor_faults() - f0)
       del result
+  common = {"payload": name, "bytes": size, "devices": len(mesh.devices.flat),
+            "platform": mesh.devices.flat[0].platform}
   out = []
-  for method in methods:
+  for method in ("put_batch", "put_batch_unaligned", *_PINNED_METHODS, "memcpy", "memcpy_alloc"):
+    if method not in methods:
+      out.append({**common, "method": method, "reps": 0, "gb_per_s": None, "skipped": skip})
+      continue
     secs = statistics.median(times[method])
-    out.append({"payload": name, "method": method, "bytes": size, "reps": reps,
-                "devices": len(mesh.devices.flat), "platform": mesh.devices.flat[0].platform,
-                "median_s": secs, "us_per_call": 1e6 * secs, "gb_per_s": size / secs / 1e9,
-                "page_faults_per_call": statistics.median(faults[method])})
+    row = {**common, "method": method, "reps": reps, "median_s": secs,
+           "us_per_call": 1e6 * secs, "gb_per_s": size / secs / 1e9,
+           "page_faults_per_call": statistics.median(faults[method])}
+    if method.startswith("put_batch"):
+      row["staged"] = {"put_batch_direct": False, "put_batch_staged": True}.get(
+          method, pinned_host_supported(mesh))
+    out.append(row)
   return out
 
 
@@ -134,11 +191,14 @@ def measure_all(num_devices: int, tiny: bool) -> list[dict[str, Any]]:
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-  """vs_memcpy on every row: its bandwidth over memcpy's for the same payload and devices."""
-  base = {(r["payload"], r["devices"]): r["gb_per_s"] for r in rows if r["method"] == "memcpy"}
-  for r in rows:
-    ref = base.get((r["payload"], r["devices"]))
-    r["vs_memcpy"] = r["gb_per_s"] / ref if ref else None
+  """vs_memcpy and vs_pinned_copy on every row: its bandwidth over memcpy's and over
+  pinned_copy's for the same payload and devices (None where either is missing)."""
+  for ref_method in ("memcpy", "pinned_copy"):
+    base = {(r["payload"], r["devices"]): r.get("gb_per_s") for r in rows
+            if r["method"] == ref_method}
+    for r in rows:
+      ref, mine = base.get((r.get("payload"), r.get("devices"))), r.get("gb_per_s")
+      r[f"vs_{ref_method}"] = mine / ref if ref and mine else None
 
 
 def _split_worker(num_devices: int, tiny: bool) -> list[dict[str, Any]]:
@@ -186,26 +246,38 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
 def run(out_dir: Path, quick: bool, tiny: bool = False) -> SuiteResult:
   import jax
 
+  from jaxrl_async.runtime.sharding import learner_mesh, memory_kinds, pinned_host_supported
+
   platform = jax.local_devices()[0].platform
   progress = Progress(2 if platform == "cpu" else 1, "transfer")
   rows = measure_all(1, tiny)
   progress.step(f"1 {platform} device: " + ", ".join(
       f"{r['payload']} {r['method']} {r['gb_per_s']:.2f} GB/s" for r in rows
-      if r["method"] in ("put_batch", "memcpy")))
+      if r["method"] in ("put_batch", "put_batch_staged", "pinned_copy", "memcpy")
+      and r.get("gb_per_s")))
   if platform == "cpu":
     split = _split_worker(2, tiny)
     rows += split
     progress.step("2 forced CPU devices: " + (split[0].get("error") or "done"))
   out_dir.mkdir(parents=True, exist_ok=True)
-  return SuiteResult(rows, tables(rows), {"payloads": TINY_PAYLOADS if tiny else PAYLOADS},
-                     [plot(rows, out_dir / "transfer.png").name])
+  mesh = learner_mesh(jax.local_devices()[:1])
+  config = {"payloads": TINY_PAYLOADS if tiny else PAYLOADS,
+            "memory_kinds": sorted(memory_kinds(mesh)),
+            "put_batch_staged_by_default": pinned_host_supported(mesh)}
+  return SuiteResult(rows, tables(rows), config, [plot(rows, out_dir / "transfer.png").name])
 
 
 def tables(rows: list[dict[str, Any]]) -> str:
+  goals = [r for r in rows if r["method"] == "put_batch"]
   return ("## Bandwidth (GB/s, median over repetitions)\n\n"
-          + md_table(rows, ["payload", "devices", "platform", "method", "bytes", "reps",
-                            "us_per_call", "gb_per_s", "vs_memcpy", "page_faults_per_call",
-                            "error"]))
+          + md_table(rows, ["payload", "devices", "platform", "method", "staged", "bytes",
+                            "reps", "us_per_call", "gb_per_s", "vs_memcpy", "vs_pinned_copy",
+                            "page_faults_per_call", "skipped", "error"])
+          + "\n## put_batch against the goals (each >= 0.5)\n\n"
+          "vs_memcpy: put_batch / memcpy. vs_pinned_copy: put_batch / pinned_copy, the link's "
+          "pinned bandwidth (issue 16), empty where pinned_copy is skipped.\n\n"
+          + md_table(goals, ["payload", "devices", "platform", "staged", "gb_per_s", "vs_memcpy",
+                             "vs_pinned_copy", "error"]))
 
 
 def _worker_main(argv: list[str]) -> int:
