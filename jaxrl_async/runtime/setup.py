@@ -14,7 +14,8 @@ def default_cache_dir() -> Path:
 
 def configure_jax(config: TrainConfig) -> None:
   """PRNG implementation and the persistent compilation cache (on by default: most of a short
-  run is compilation here)."""
+  run is compilation here); then a warning when the host shows a GPU or TPU that JAX does not use
+  (`accelerator.warn_if_cpu_fallback`)."""
   import jax
 
   # NOTE: must precede the first key; rbg's init and split compile faster than threefry's.
@@ -26,3 +27,9 @@ def configure_jax(config: TrainConfig) -> None:
     # Cache every compiled function, even fast ones: the run's few functions all matter.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  # Asking JAX for its backend initializes it, which must wait for `jax.distributed.initialize`:
+  # a multi-process run skips the check here.
+  if not config.distributed.enabled:
+    from jaxrl_async.runtime.accelerator import warn_if_cpu_fallback
+
+    warn_if_cpu_fallback()
