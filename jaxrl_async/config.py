@@ -434,11 +434,6 @@ class TrainConfig:
     local_envs = per_device * self.rate.rollouts_per_update
     _check(local_envs % minibatches == 0, "num_minibatches", minibatches,
            f"must divide the envs per learner device per update ({local_envs})")
-    if self.env.is_async:
-      _check(self.rate.max_policy_lag != 0 or not self.rate.capped, "env_batch_size",
-             self.env.env_batch_size,
-             "async EnvPool mode (< num_envs) needs --max_policy_lag >= 1; "
-             "K = 0 is exact synchronous training")
     # NOTE: DQN learns from a replay, where a sample's lag at the update is not one rollout's;
     # weighting it would need per-sample versions in the replay.
     _check(self.rate.lag_weighting == "off" or self.learner.algo in ("impala", "ppo"),

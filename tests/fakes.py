@@ -14,7 +14,7 @@ import numpy as np
 class FakePool:
 
   def __init__(self, num_envs: int, batch_size: int, seed: int = 0, episode_len: int = 7,
-               truncate_every: int = 3, delay_s: float = 0.0):
+               truncate_every: int = 3, delay_s: float = 0.0, jitter_s: float = 0.0):
     self.num_envs, self.batch_size = num_envs, batch_size
     self.rng = np.random.default_rng(seed)
     self.episode_len, self.truncate_every = episode_len, truncate_every
@@ -24,6 +24,7 @@ class FakePool:
     self.ended = np.ones(num_envs, bool)
     self.ready: list[int] = []
     self.delay_s = delay_s
+    self.jitter_s = jitter_s  # each recv also waits uniform(0, jitter_s): random env speeds
     self.closed = False
 
   def async_reset(self) -> None:
@@ -47,9 +48,9 @@ class FakePool:
     return obs, reward, term, trunc
 
   def recv(self):
-    if self.delay_s:
+    if self.delay_s or self.jitter_s:
       import time
-      time.sleep(self.delay_s)
+      time.sleep(self.delay_s + self.jitter_s * self.rng.random())
     if self.batch_size < self.num_envs:  # async: a random subset of the ready envs
       idx = self.rng.choice(len(self.ready), self.batch_size, replace=False)
       ids = [self.ready[i] for i in sorted(idx)]

@@ -228,9 +228,9 @@ def test_run_holds_the_reuse_ratio_with_slow_actors_then_a_slow_learner(tmp_path
   slow_actor = lambda: time.time() - t_start < 4.0  # then the learner is the slow one
   emit, learn = actor_mod.Actor._emit, offpolicy.OffPolicyLearner._learn
 
-  def slow_emit(self, seg):
+  def slow_emit(self, seg, k):
     time.sleep(rng.choice([0.0, 0.01, 0.03]) if slow_actor() else 0.0)
-    return emit(self, seg)
+    return emit(self, seg, k)
 
   def slow_learn(self):
     time.sleep(0.0 if slow_actor() else rng.choice([0.0, 0.002, 0.005]))

@@ -50,14 +50,15 @@ def test_k0_one_actor_is_deterministic(tmp_path):
   assert a.summary["lag_hist"] == {"0": a.version}
 
 
+@pytest.mark.parametrize("batch", [0, 3], ids=["sync", "async"])
 @pytest.mark.parametrize("K", [0, 1, 3])
-def test_lag_cap_holds_with_random_delays(K, tmp_path, monkeypatch):
+def test_lag_cap_holds_with_random_delays(K, batch, tmp_path, monkeypatch):
   rng = random.Random(K)
   emit, next_batch = actor_mod.Actor._emit, learner_mod.Learner._next_batch
 
-  def slow_emit(self, seg):
+  def slow_emit(self, seg, k):
     time.sleep(rng.choice([0.0, 0.0, 0.01, 0.03]))
-    return emit(self, seg)
+    return emit(self, seg, k)
 
   def slow_next_batch(self):
     time.sleep(rng.choice([0.0, 0.005, 0.02]))
@@ -65,8 +66,10 @@ def test_lag_cap_holds_with_random_delays(K, tmp_path, monkeypatch):
 
   monkeypatch.setattr(actor_mod.Actor, "_emit", slow_emit)
   monkeypatch.setattr(learner_mod.Learner, "_next_batch", slow_next_batch)
-  config = small_config(max_policy_lag=K, num_actors=3, total_env_steps=6_000)
+  config = small_config(max_policy_lag=K, num_actors=3, total_env_steps=6_000,
+                        env_batch_size=batch)
   s = run(config, tmp_path).summary
+  assert s["dropped_stale"] == 0  # throttled on each rollout's first step, never dropped
   assert s["max_policy_lag_seen"] <= K
   assert max(int(k) for k in s["lag_hist"]) <= K
   assert s["updates"] > 10
@@ -77,11 +80,11 @@ def fail_emits(monkeypatch, which):
   calls = []
   emit = actor_mod.Actor._emit
 
-  def failing_emit(self, seg):
+  def failing_emit(self, seg, k):
     calls.append(1)
     if which(len(calls)):
       raise RuntimeError("injected actor failure")
-    return emit(self, seg)
+    return emit(self, seg, k)
 
   monkeypatch.setattr(actor_mod.Actor, "_emit", failing_emit)
 

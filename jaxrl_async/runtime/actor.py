@@ -1,14 +1,23 @@
 """An actor thread: steps its own EnvPool with a jitted policy and emits rollouts.
 
-Rollouts are assembled per env column: env e's transitions [kT, (k+1)T) form column e of
-rollout k, and rollout k is emitted once every env has reached time (k+1)T. In sync EnvPool mode
-(batch_size == num_envs) every recv advances all envs together; in async mode recv returns
-whichever envs are ready, so an env that runs ahead writes into rollout k+1 while k is being
-finished. No env is ever held back, so EnvPool never starves. A rollout's behaviour version is
-the oldest params version that acted in it, which keeps the lag accounting conservative.
+Rollouts are assembled per env column: env e's recorded transitions [kT, (k+1)T) form column e
+of rollout k, and rollout k is emitted once every env has reached time (k+1)T. In sync EnvPool
+mode (batch_size == num_envs) every recv advances all envs together; in async mode recv returns
+whichever envs are ready, so while the actor computes one batch's actions EnvPool steps the
+others (the overlap of stepping and inference), and an env that runs ahead acts in rollout k+1
+while k is being finished.
 
-Each rollout needs a permit from the rate controller (taken when the previous one is emitted);
-the actor then takes the newest published params.
+Zero drops by construction: rollout k+1 needs its own permit (a ticket) from the rate
+controller, asked for when its *first* step is due, and the newest params are taken right after
+it is granted, so no step of a rollout is ever acted with params older than its ticket allows
+(its lag at consumption stays within K). An env that reaches a rollout whose ticket is not
+granted yet is parked (its action is not sent). EnvPool's async recv waits for a whole batch, so
+parking stops where it would leave fewer than batch_size envs stepping: then the actor waits for
+the ticket if every env is parked (no rollout of its own is unfinished, so the wait cannot
+deadlock the learner), or else steps just enough parked envs with the params it has and records
+those steps in no rollout (`idle_env_steps`, counted; they are few unless the cap is tight). A
+stale rollout would still be dropped at consumption and counted (`dropped_stale`): a safety
+net that stays at zero.
 """
 
 from __future__ import annotations
@@ -50,10 +59,45 @@ def key_data_shape() -> tuple[int, ...]:
   return jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape
 
 
+class PolicyOutputs:
+  """The policy's action and extras travel device -> host as one packed [B, D] uint32 array:
+  one copy per step instead of one per output (each copy from an accelerator costs a round trip
+  of its own). Every output is 4 bytes wide (int32 / float32 actions, float32 extras), so
+  packing is a bitcast, exact for every value."""
+
+  def __init__(self, action_shape: tuple[int, ...], action_dtype: Any,
+               extras_spec: dict[str, Any]):
+    fields = [("action", tuple(action_shape), np.dtype(action_dtype))]
+    fields += [(k, tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in sorted(
+        extras_spec.items())]
+    self.fields, offset = [], 0
+    for name, shape, dtype in fields:
+      if dtype.itemsize != 4:
+        raise TypeError(f"policy output {name!r} is {dtype}; packing takes 4-byte dtypes")
+      width = int(np.prod(shape, dtype=np.int64))
+      self.fields.append((name, shape, dtype, offset, width))
+      offset += width
+    self.width = offset
+
+  def pack(self, action: Any, extras: dict[str, Any]) -> Any:  # traced
+    import jax.numpy as jnp
+
+    parts = [action] + [extras[name] for name, *_ in self.fields[1:]]
+    return jnp.concatenate([jax.lax.bitcast_convert_type(x.reshape(x.shape[0], -1), jnp.uint32)
+                            for x in parts], axis=1)
+
+  def unpack(self, packed: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    out = {}
+    for name, shape, dtype, offset, width in self.fields:
+      out[name] = packed[:, offset:offset + width].view(dtype).reshape((len(packed),) + shape)
+    return out.pop("action"), out
+
+
 def lower_policy_step(policy: Any, params: Any, spec: envs.EnvSpec, batch_size: int,
                       device: jax.Device) -> Any:
-  """The actors' (params, obs, key data) -> (action, extras, key data), traced and lowered for
-  `device` from shapes alone (`params` may be ShapeDtypeStructs).
+  """The actors' (params, obs, key data) -> (packed outputs, key data), traced and lowered for
+  `device` from shapes alone (`params` may be ShapeDtypeStructs); `PolicyOutputs` built from
+  the algorithm's `extras_spec` unpacks the outputs (extras in name order).
 
   Keys travel as raw data so actors make theirs in numpy (`actor_key_data`).
   """
@@ -61,7 +105,9 @@ def lower_policy_step(policy: Any, params: Any, spec: envs.EnvSpec, batch_size: 
   def step(params, obs, key_data):
     key, sub = jax.random.split(jax.random.wrap_key_data(key_data))
     action, extras = policy(params, obs, sub)
-    return action, extras, jax.random.key_data(key)
+    per_env = lambda x: (tuple(x.shape[1:]), x.dtype)
+    outputs = PolicyOutputs(*per_env(action), {k: per_env(v) for k, v in extras.items()})
+    return outputs.pack(action, extras), jax.random.key_data(key)
 
   on_actor = jax.sharding.SingleDeviceSharding(device)
   shaped = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=on_actor)
@@ -93,8 +139,14 @@ def actor_key_data(seed: int, actor_index: int, salt: int, shape: tuple[int, ...
 class ActorTimers:
   """Seconds spent in each wait of the actor loop; exported so imbalance is visible."""
 
+  # The per-step path: recv, host -> device, policy, device -> host, send, and the Python
+  # bookkeeping between them (writes into the rollout buffers, parking).
   env_recv_s: float = 0.0
+  h2d_s: float = 0.0
   inference_s: float = 0.0
+  d2h_s: float = 0.0
+  env_send_s: float = 0.0
+  write_s: float = 0.0
   put_s: float = 0.0
   permit_s: float = 0.0
   paused_s: float = 0.0  # held back by the balancer (not counted as blocked)
@@ -103,6 +155,8 @@ class ActorTimers:
   rollouts: int = 0
   lost_rollouts: int = 0  # in flight when the actor failed and was restarted
   lost_env_steps: int = 0
+  idle_env_steps: int = 0  # taken while parked envs waited for a ticket, recorded in no rollout
+  parked_env_waits: int = 0  # times an env was parked at a rollout boundary
 
 
 class _Segment:
@@ -147,13 +201,27 @@ class Actor:
     self.incarnation = 0
     self._steps_since_emit = 0
     self.timers = ActorTimers()
-    self.T, self.E = config.actor.rollout_len, config.env.num_envs
+    self.T, self.E, self.B = config.actor.rollout_len, config.env.num_envs, config.env.batch_size
     self._atari = envs.is_atari(spec.env_id)
-    self._ticket: int | None = None
+    self._outputs = PolicyOutputs(spec.action_shape, spec.action_dtype, algo.extras_spec)
+    self._tickets: dict[int, int] = {}  # rollout index -> its ticket, until it is emitted
+    self._open_at_exit = 0
 
-  # -- blocking steps, each with a timeout and a look at the stop flag ----------------------
+  # -- tickets and params ---------------------------------------------------------------------
 
-  def _acquire_permit(self) -> bool:
+  def _try_ticket(self, k: int) -> bool:
+    """Rollout k's ticket if the balancer and the controller grant it now (no wait)."""
+    if self.gate is not None and not self.gate.wait_active(self.index, 0):
+      return False
+    ticket = self.controller.acquire(0)
+    if ticket is None:
+      return False
+    self._tickets[k] = ticket
+    return True
+
+  def _wait_ticket(self, k: int) -> bool:
+    """Rollout k's ticket, waiting (with a look at the stop flag every _WAKE_S); only called
+    when no rollout of this actor is unfinished, so the learner never waits on this wait."""
     if self.gate is not None:
       t0 = time.perf_counter()
       while not self.gate.wait_active(self.index, _WAKE_S):
@@ -162,8 +230,9 @@ class Actor:
       self.timers.paused_s += time.perf_counter() - t0
     t0 = time.perf_counter()
     while not self.stop.is_set():
-      self._ticket = self.controller.acquire(_WAKE_S)
-      if self._ticket is not None:
+      ticket = self.controller.acquire(_WAKE_S)
+      if ticket is not None:
+        self._tickets[k] = ticket
         self.timers.permit_s += time.perf_counter() - t0
         return True
     return False
@@ -178,25 +247,61 @@ class Actor:
     self.timers.param_fetch_s += time.perf_counter() - t0
     return params, version
 
-  def _emit(self, seg: _Segment) -> bool:
+  def _emit(self, seg: _Segment, k: int) -> bool:
     t0 = time.perf_counter()
     batch = put_batch(seg.rollout(), self.mesh)
-    info = RolloutInfo(self.global_index, self._ticket, int(seg.version), self.T * self.E,
-                       time.time())
+    ticket = self._tickets[k]
+    info = RolloutInfo(self.global_index, ticket, int(seg.version), self.T * self.E, time.time())
     while not self.stop.is_set():
       if self.queue.put((batch, info), _WAKE_S):
-        self._ticket = None  # the permit now travels with the rollout
+        del self._tickets[k]  # the permit now travels with the rollout
         self.timers.put_s += time.perf_counter() - t0
         self.timers.rollouts += 1
         self._steps_since_emit = 0
         return True
     return False
 
+  # -- the policy -----------------------------------------------------------------------------
+
+  def _infer(self, params: Any, obs: np.ndarray, key: Any) -> tuple[np.ndarray, dict, Any]:
+    """Actions for `obs` [m, ...], m <= batch_size (padded to the compiled batch)."""
+    m = len(obs)
+    if m < self.B:
+      obs = np.concatenate([obs, np.repeat(obs[:1], self.B - m, axis=0)])
+    t0 = time.perf_counter()
+    obs = jax.device_put(obs, self.device)
+    t1 = time.perf_counter()
+    packed, key = self.policy_step(params, obs, key)
+    packed.block_until_ready()
+    t2 = time.perf_counter()
+    action, extras = self._outputs.unpack(np.asarray(packed))  # the step's one copy to host
+    t3 = time.perf_counter()
+    self.timers.h2d_s += t1 - t0
+    self.timers.inference_s += t2 - t1
+    self.timers.d2h_s += t3 - t2
+    if m < self.B:
+      action, extras = action[:m], {k: v[:m] for k, v in extras.items()}
+    return action, extras, key
+
+  def _infer_rows(self, params: Any, obs: np.ndarray, key: Any) -> tuple[np.ndarray, dict, Any]:
+    """`_infer` over any number of rows, a batch at a time (parked envs join a batch)."""
+    if len(obs) == 0:  # every env of this batch parked
+      return (*self._outputs.unpack(np.zeros((0, self._outputs.width), np.uint32)), key)
+    parts = []
+    for i in range(0, len(obs), self.B):
+      action, extras, key = self._infer(params, obs[i:i + self.B], key)
+      parts.append((action, extras))
+    if len(parts) == 1:
+      return parts[0][0], parts[0][1], key
+    action = np.concatenate([a for a, _ in parts])
+    extras = {k: np.concatenate([e[k] for _, e in parts]) for k in parts[0][1]}
+    return action, extras, key
+
   # -- the loop ----------------------------------------------------------------------------
 
   def on_restart(self) -> None:
     """Called by the supervisor after a failure: what was in flight is lost, and counted."""
-    self.timers.lost_rollouts += 1
+    self.timers.lost_rollouts += max(1, self._open_at_exit)
     self.timers.lost_env_steps += self._steps_since_emit
     self._steps_since_emit = 0
     self.incarnation += 1
@@ -220,67 +325,122 @@ class Actor:
         raise RuntimeError(f"EnvPool {env_id} failed in actor {self.index}: {e}") from e
       raise
     finally:
-      if self._ticket is not None:
-        self.controller.release(self._ticket)
-        self._ticket = None
+      self._open_at_exit = len(self._tickets)
+      for ticket in self._tickets.values():
+        self.controller.release(ticket)
+      self._tickets.clear()
       pool.close()
 
   def _loop(self, pool: Any) -> None:
-    T, E = self.T, self.E
+    T, E, B, timers = self.T, self.E, self.B, self.timers
     new_segment = lambda: _Segment(T, E, self.spec, self.algo.extras_spec)
     segments: dict[int, _Segment] = {}
-    counts = np.zeros(E, np.int64)  # recvs so far per env = the next obs time index
+    counts = np.zeros(E, np.int64)  # recorded obs per env = the time index of its next obs
+    idle = np.zeros(E, bool)  # its last step was an idle step (recorded in no rollout)
+    parked = np.zeros(E, bool)  # waits at a rollout boundary for that rollout's ticket
+    held_obs = np.zeros((E,) + self.spec.obs_shape, self.spec.obs_dtype)  # parked envs' obs
+    held_valid = np.zeros(E, bool)
     tracker = envs.EpisodeTracker(E)
     key = jax.device_put(actor_key_data(self.config.run.seed, self.global_index, self._salt(),
                                         key_data_shape()), self.device)
-    next_emit = 0
-    if not self._acquire_permit():
+    next_emit, open_upto = 0, 0  # rollouts [next_emit, open_upto] are being made
+    if not self._wait_ticket(0):
       return
     params, version = self._fetch_params()
     pool.async_reset()
+    in_pool = E  # envs stepping in EnvPool (sent, not yet received)
 
     while not self.stop.is_set():
       t0 = time.perf_counter()
       obs, reward, terminated, truncated, info = pool.recv()
       t1 = time.perf_counter()
-      self.timers.env_recv_s += t1 - t0
+      timers.env_recv_s += t1 - t0
       obs = obs.astype(self.spec.obs_dtype, copy=False)
       ids = np.asarray(info["env_id"])
-      self.timers.env_steps += len(ids)
+      in_pool -= len(ids)
+      timers.env_steps += len(ids)
       self._steps_since_emit += len(ids)
-      n = counts[ids]
-      counts[ids] += 1
+      # An env back from an idle step starts its rollout again from this obs.
+      back = idle[ids]
+      n = counts[ids] - back
+      counts[ids] = n + 1
+      if back.any():
+        idle[ids] = False
+        timers.idle_env_steps += int(back.sum())
 
       step_end = terminated | truncated
       true_end = (info["terminated"].astype(bool) | truncated) if self._atari else step_end
       raw_reward = info["reward"] if self._atari else reward
       ret, length, obs_ends = tracker.update(ids, raw_reward, step_end, true_end)
       self.stats.record(ret, length)
+      _write_observation(segments, new_segment, T, n, ids, obs, reward, terminated, truncated,
+                         None if not back.any() else ~back)
 
-      _write_observation(segments, new_segment, T, n, ids, obs, reward, terminated, truncated)
-
-      # Emit every segment that all envs have finished; each next one needs a permit.
+      # Emit every rollout that all envs have finished.
       while counts.min() > (next_emit + 1) * T:
-        if not self._emit(segments.pop(next_emit)):
+        if not self._emit(segments.pop(next_emit), next_emit):
           return
         next_emit += 1
-        if not self._acquire_permit():
-          return
-        params, version = self._fetch_params()
+
+      # Which envs act now: those whose rollout has its ticket; the others park.
+      need = n >= (open_upto + 1) * T
+      act, released, stepped_idle = ~need, None, None
+      if need.any() or parked.any():
+        if self._try_ticket(open_upto + 1):
+          open_upto += 1
+          params, version = self._fetch_params()
+          act[:] = True
+          released, parked[:] = np.flatnonzero(parked), False
+        else:
+          park = ids[need]
+          held_obs[park], held_valid[park] = obs[need], ~obs_ends[need]
+          parked[park] = True
+          timers.parked_env_waits += len(park)
+          stepping = in_pool + int(act.sum())
+          if stepping == 0:  # every env is parked: nothing of ours is unfinished, so wait
+            if not self._wait_ticket(open_upto + 1):
+              return
+            open_upto += 1
+            params, version = self._fetch_params()
+            released, parked[:] = np.flatnonzero(parked), False
+          elif stepping < B:  # recv would wait forever: step a few parked envs off the record
+            stepped_idle = np.flatnonzero(parked)[:B - stepping]
+            parked[stepped_idle], idle[stepped_idle] = False, True
 
       t2 = time.perf_counter()
-      action, extras, key = self.policy_step(params, obs, key)
-      action = np.asarray(action)
-      extras = {k: np.asarray(v) for k, v in extras.items()}
-      self.timers.inference_s += time.perf_counter() - t2
-      _write_action(segments, T, n, ids, action, ~obs_ends, extras, version)
-      pool.send(action, ids)
+      timers.write_s += t2 - t1
+      if released is None and stepped_idle is None:
+        send_ids, rows = (ids, slice(None)) if act.all() else (ids[act], act)
+        action, extras, key = self._infer_rows(params, obs[rows], key)
+        t3 = time.perf_counter()
+        _write_action(segments, T, n[rows], send_ids, action, ~obs_ends[rows], extras, version)
+      else:
+        extra = released if released is not None else stepped_idle
+        send_ids = np.concatenate([ids[act], extra])
+        action, extras, key = self._infer_rows(
+            params, np.concatenate([obs[act], held_obs[extra]]), key)
+        t3 = time.perf_counter()
+        rec = len(send_ids) if released is not None else int(act.sum())
+        rec_ids = send_ids[:rec]
+        rec_n = np.concatenate([n[act], counts[extra] - 1])[:rec]
+        rec_valid = np.concatenate([~obs_ends[act], held_valid[extra]])[:rec]
+        _write_action(segments, T, rec_n, rec_ids, action[:rec], rec_valid,
+                      {k: v[:rec] for k, v in extras.items()}, version)
+      t4 = time.perf_counter()
+      timers.write_s += t4 - t3
+      if len(send_ids):
+        pool.send(action, send_ids)
+        in_pool += len(send_ids)
+      timers.env_send_s += time.perf_counter() - t4
 
 
-def _write_observation(segments, new_segment, T, n, ids, obs, reward, terminated, truncated):
+def _write_observation(segments, new_segment, T, n, ids, obs, reward, terminated, truncated,
+                       recorded=None):
   """Stores obs n of envs `ids`, and the results of their transition n - 1 (EnvPool returns
-  those with obs n). Obs n is also the bootstrap obs of the previous segment when n % T == 0."""
-  has_prev = n >= 1
+  those with obs n). Obs n is also the bootstrap obs of the previous segment when n % T == 0.
+  `recorded` (None: all) marks the envs whose previous step was recorded: the others come back
+  from an idle step, whose obs only replaces their rollout's first one."""
+  has_prev = n >= 1 if recorded is None else (n >= 1) & recorded
   for k, sel in _by_segment(n[has_prev] - 1, T):
     rows, cols = (n[has_prev][sel] - 1) % T, ids[has_prev][sel]
     seg = segments[k]
@@ -292,6 +452,8 @@ def _write_observation(segments, new_segment, T, n, ids, obs, reward, terminated
     rows, cols = n[sel] % T, ids[sel]
     seg.obs[rows, cols] = obs[sel]
     boundary = (rows == 0) & (k > 0)
+    if recorded is not None:
+      boundary &= recorded[sel]
     if boundary.any():
       segments[k - 1].obs[T, cols[boundary]] = obs[sel][boundary]
 

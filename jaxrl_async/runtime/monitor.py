@@ -10,6 +10,9 @@ import jax
 
 from jaxrl_async.metrics import Ema, wall_s
 
+# The actor's per-step path (runtime/actor.py, ActorTimers), in the order a step takes it.
+STEP_SPLIT = ("env_recv_s", "h2d_s", "inference_s", "d2h_s", "env_send_s", "write_s")
+
 
 class Monitor:
   """Turns the components' counters into one metrics record per interval."""
@@ -60,9 +63,12 @@ class Monitor:
             1.0, (blocked - self._last["blocked"]) / dt / max(len(self.actors), 1)),
         "learner_idle_frac": min(1.0, (idle - self._last["idle"]) / dt),
         "nonfinite_skipped": self.learner.nonfinite_skipped,
-        "env_recv_s": sum(a.timers.env_recv_s for a in self.actors),
-        "inference_s": sum(a.timers.inference_s for a in self.actors),
+        # The actors' per-step path, cumulative seconds over all actor threads.
+        **{name: sum(getattr(a.timers, name) for a in self.actors) for name in STEP_SPLIT},
         "param_fetch_s": sum(a.timers.param_fetch_s for a in self.actors),
+        "permit_s": sum(a.timers.permit_s for a in self.actors),
+        "idle_env_steps": sum(a.timers.idle_env_steps for a in self.actors),
+        "parked_env_waits": sum(a.timers.parked_env_waits for a in self.actors),
         "queue_put_s": self.queue.put_wait_s,
         "queue_get_s": self.queue.get_wait_s,
     }

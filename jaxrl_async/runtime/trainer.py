@@ -450,6 +450,7 @@ class Trainer:
         "actor_restarts": sum(th.restarts for th in threads),
         "lost_rollouts": sum(a.timers.lost_rollouts for a in actors),
         "lost_env_steps": sum(a.timers.lost_env_steps for a in actors),
+        "idle_env_steps": sum(a.timers.idle_env_steps for a in actors),
         "checkpoints_saved": self.checkpointer.saves if self.checkpointer else 0,
         "balance_decisions": ([vars(d) for d in monitor.balancer.decisions]
                               if monitor.balancer else []),
