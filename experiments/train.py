@@ -81,6 +81,9 @@ def main(argv: list[str]) -> int:
       except distributed.ClusterError as e:
         print(f"train: {e}", file=sys.stderr)
         return 1
+      from jaxrl_async.runtime.accelerator import warn_if_cpu_fallback
+
+      warn_if_cpu_fallback()  # setup.configure_jax left it to after joining the cluster
     from jaxrl_async.layout import detect_host
     from jaxrl_async.metrics import wall_s
 

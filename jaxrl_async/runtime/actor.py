@@ -12,10 +12,11 @@ controller, asked for when its *first* step is due, and the newest params are ta
 it is granted, so no step of a rollout is ever acted with params older than its ticket allows
 (its lag at consumption stays within K). An env that reaches a rollout whose ticket is not
 granted yet is parked (its action is not sent). EnvPool's async recv waits for a whole batch, so
-parking stops where it would leave fewer than batch_size envs stepping: then the actor waits for
-the ticket if every env is parked (no rollout of its own is unfinished, so the wait cannot
-deadlock the learner), or else steps just enough parked envs with the params it has and records
-those steps in no rollout (`idle_env_steps`, counted; they are few unless the cap is tight). A
+parking stops where it would leave fewer than batch_size envs stepping. Once every rollout of
+the actor is emitted it simply waits for the ticket (nothing of its own is unfinished, so the
+wait cannot hold up the learner); while one is unfinished it steps just enough parked envs with
+the params it has and records those steps in no rollout (`idle_env_steps`, counted; they are
+few unless the cap is tight). A
 stale rollout would still be dropped at consumption and counted (`dropped_stale`): a safety
 net that stays at zero.
 """
@@ -397,7 +398,7 @@ class Actor:
           parked[park] = True
           timers.parked_env_waits += len(park)
           stepping = in_pool + int(act.sum())
-          if stepping == 0:  # every env is parked: nothing of ours is unfinished, so wait
+          if next_emit > open_upto:  # nothing of ours is unfinished: the wait holds up no one
             if not self._wait_ticket(open_upto + 1):
               return
             open_upto += 1

@@ -28,7 +28,7 @@ def configure_jax(config: TrainConfig) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   # Asking JAX for its backend initializes it, which must wait for `jax.distributed.initialize`:
-  # a multi-process run skips the check here.
+  # a multi-process run checks after joining its cluster (experiments/train.py).
   if not config.distributed.enabled:
     from jaxrl_async.runtime.accelerator import warn_if_cpu_fallback
 
