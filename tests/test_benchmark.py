@@ -35,18 +35,28 @@ def test_quick_throughput_suite_writes_its_files(tmp_path):
   machine = record["machine"]
   assert machine["cores"] >= 1 and machine["cpu_model"] and machine["device_kinds"]
   assert record["versions"]["jax"] != "not installed"
-  assert record["config"]["tiny"] and record["config"]["tasks"]["cartpole"]
+  config = record["config"]
+  assert config["tiny"] and config["tasks"]["cartpole"]
+  layout = config["layouts"]["cartpole"]
+  assert layout["mode"] == "auto" and layout["host"]["cores"] >= 1
   rows = record["rows"]
   assert [r["mode"] for r in rows] == list(throughput.MODES)
   for r in rows:
     assert r["task"] == "cartpole" and "error" not in r, r
-    assert r["sps"] > 0
-  pipeline = {r["mode"]: r for r in rows}["pipeline_async"]
+    assert r["sps"] > 0 and r["num_actors"] == layout["values"]["num_actors"]
+  by = {r["mode"]: r for r in rows}
+  pipeline = by["pipeline_async"]
   assert pipeline["vs_bottleneck"] > 0 and pipeline["async_vs_sync"] > 0
+  # The headline: the pipeline over EnvPool alone at the same sizes.
+  assert pipeline["vs_limit"] == pytest.approx(pipeline["sps"] / by["env_only"]["sps"])
+  assert config["headline"]["cartpole"]["pipeline_vs_limit"] == pipeline["vs_limit"]
   assert 0.0 <= pipeline["learner_idle_frac"] <= 1.0
   assert pipeline["policy_lag_mean"] <= 1.0 and pipeline["dropped_stale"] == 0
+  assert by["pipeline_sync"]["env_batch_size"] == by["pipeline_sync"]["num_envs"]
+  assert "sync EnvPool" in by["pipeline_sync"]["note"]
   md = (out / "results.md").read_text()
   assert "| cartpole | pipeline_async |" in md and "throughput.png" in md
+  assert "## Pipeline / limit" in md and "## Layout" in md
   assert (out / "throughput.png").read_bytes()[:4] == b"\x89PNG"
   # The report over a run folder: the suite's tables under its heading, the machine line.
   text = report.report(tmp_path)
@@ -68,6 +78,55 @@ def test_ratios_against_the_parts():
   assert rows[2]["vs_serial"] == pytest.approx(1.0)  # 1 / (1/100 + 1/400) = 80
   assert rows[3]["vs_bottleneck"] == pytest.approx(0.4) and "async_vs_sync" not in rows[3]
   assert rows[4]["vs_bottleneck"] is None and rows[4]["async_vs_sync"] is None
+  assert rows[2]["vs_limit"] is None  # no env_only row for the task
+  rows.insert(0, {"task": "t", "mode": "env_only", "sps": 160.0, "num_envs": 64})
+  throughput.add_ratios(rows)
+  assert rows[3]["vs_limit"] == pytest.approx(0.5) and rows[4]["vs_limit"] == pytest.approx(0.25)
+  head = throughput.headline(rows)["t"]
+  assert head["pipeline_vs_limit"] == pytest.approx(0.5) and head["num_envs"] == 64
+  assert throughput.headline(rows)["u"]["pipeline_vs_limit"] is None
+
+
+def test_throughput_env_only_runs_at_the_pipelines_sizes_on_a_gpu_host(monkeypatch):
+  from jaxrl_async.layout import Host
+
+  monkeypatch.setenv("JAXRL_BENCH_TASKS", "breakout,pong")
+  tasks = throughput.laid_out(throughput.task_configs(), Host(16, "gpu", 1, "H200"))
+  assert list(tasks) == ["breakout", "pong"]
+  for task, (flat, layout) in tasks.items():
+    assert flat["network"] == "nature_cnn" and layout.mode == "auto"
+    env_only = throughput.sizes(throughput.mode_config("env_only", flat))
+    pipeline = throughput.sizes(throughput.mode_config("pipeline_async", flat))
+    assert env_only == pipeline, task
+    # What the layout chose for a 1-GPU 16-core host: async EnvPool, batch < num_envs.
+    assert pipeline["num_envs"] == layout.values["num_envs"] > pipeline["env_batch_size"] > 0
+    assert pipeline["num_actors"] == layout.values["num_actors"]
+    assert pipeline["env_threads"] == layout.values["env_threads"] > 0
+    sync = throughput.sizes(throughput.mode_config("pipeline_sync", flat))
+    assert sync == {**pipeline, "env_batch_size": pipeline["num_envs"]}
+
+
+def test_throughput_budget_skips_modes_but_keeps_rows(monkeypatch, tmp_path):
+  from jaxrl_async.layout import Host
+
+  calls = []
+
+  def fake_measure(mode, flat, window, run_dir, parts=None):
+    calls.append(mode)
+    return {"sps": 100.0, "update_ms": 1.0} if mode == "learner_only" else {"sps": 100.0}
+
+  monkeypatch.setenv("JAXRL_BENCH_TASKS", "cartpole")
+  monkeypatch.setenv("JAXRL_BENCH_BUDGET_S", "1e-9")  # spent before the first mode
+  monkeypatch.setattr(throughput, "configure", lambda flat: None)
+  monkeypatch.setattr(throughput, "measure", fake_measure)
+  result = throughput.run(tmp_path, quick=True, tiny=True, host=Host(2, "cpu", 1))
+  assert calls == [] and [r["mode"] for r in result.rows] == list(throughput.MODES)
+  assert all(r["skipped"] and r["sps"] is None for r in result.rows)
+  monkeypatch.delenv("JAXRL_BENCH_BUDGET_S")
+  result = throughput.run(tmp_path, quick=True, tiny=True, host=Host(2, "cpu", 1))
+  assert calls == list(throughput.RUN_ORDER)
+  assert [r["mode"] for r in result.rows] == list(throughput.MODES)
+  assert result.rows[3]["vs_limit"] == pytest.approx(1.0)
 
 
 def test_window_profile_takes_deltas_over_the_window():
@@ -84,6 +143,18 @@ def test_window_profile_takes_deltas_over_the_window():
   assert p["env_recv_frac"] == pytest.approx(0.25) and p["inference_frac"] == pytest.approx(0.5)
   assert p["queue_get_frac"] == pytest.approx(0.5) and p["learner_idle_frac"] == 0.5
   assert p["dropped_stale"] == 0
+  # Records from before the actor's full split: its counters are None, not zero.
+  assert p["h2d_frac"] is None and p["blocked_frac"] is None and p["idle_env_steps"] is None
+  assert p["untimed_frac"] is None
+  split = dict(h2d_s=0.0, d2h_s=0.0, env_send_s=0.0, write_s=0.0, permit_s=0.0,
+               queue_put_s=0.0, idle_env_steps=0)
+  later = dict(h2d_s=0.4, d2h_s=0.2, env_send_s=0.4, write_s=0.8, permit_s=0.4,
+               queue_put_s=0.2, idle_env_steps=32)
+  p = throughput.window_profile([{**records[0], **split}, {**records[1], **later}], 2)
+  assert p["h2d_frac"] == pytest.approx(0.1) and p["write_frac"] == pytest.approx(0.2)
+  assert p["blocked_frac"] == pytest.approx(0.15) and p["idle_env_steps"] == 32
+  # recv 0.25 + h2d 0.1 + inference 0.5 + d2h 0.05 + send 0.1 + write 0.2 = 1.2 > 1
+  assert p["untimed_frac"] == pytest.approx(-0.2)
   assert throughput.window_profile(records[:1], 2) == {"sps": None}
 
 
@@ -245,3 +316,20 @@ def test_balance_verdict_counts_unsolved_runs_as_the_budget():
   assert v["auto_vs_best"] == 11.5 / 11.0 and v["within_10%_of_best"] and v["beats_median"]
   lo, hi = map(float, v["auto_vs_best_90%"].split("-"))
   assert lo <= v["auto_vs_best"] <= hi and lo < hi
+
+
+def test_device_check_dry_run_lists_the_pong_training_and_the_throughput_step(tmp_path):
+  done = subprocess.run(["bash", str(REPO / "tools" / "device_check.sh"), str(tmp_path / "out"),
+                         "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=60)
+  assert done.returncode == 0, done.stderr
+  lines = done.stdout.splitlines()
+  train = [line for line in lines if "experiments.train" in line]
+  assert len(train) == 1 and "--preset=pong_impala" in train[0]
+  assert "--max_wall_s=300" in train[0] and "--layout=auto" in train[0]
+  assert "--num_envs" not in train[0] and "--num_actors" not in train[0]  # the layout's sizes
+  bench = [line for line in lines if "tools.benchmark throughput" in line]
+  assert len(bench) == 1 and "JAXRL_BENCH_TASKS=breakout,pong" in bench[0]
+  assert "--quick" in bench[0]
+  assert any("tools.benchmark transfer --quick" in line for line in lines)
+  assert any("tools/plot.py" in line for line in lines)
+  assert not (tmp_path / "out" / "steps.tsv").exists()  # nothing ran

@@ -1,17 +1,33 @@
-"""Throughput: env steps per second of each part alone, and of the whole pipeline.
+"""Throughput: env steps per second of each part alone, and of the whole pipeline, at the
+host's layout.
 
-For one config per task (CartPole IMPALA MLP, Breakout IMPALA Nature CNN, HalfCheetah PPO MLP),
-in one process, each for a warm-up and a measured window:
-- `env_only`: the actors' EnvPools stepped with random actions (the environment-side limit);
+For one config per task (CartPole IMPALA MLP, Breakout and Pong IMPALA with the Nature CNN,
+HalfCheetah PPO MLP), sized for the host the suite runs on (`jaxrl_async/layout.py`, as
+`--layout=auto` sizes a training run: on a small CPU the presets' sizes, on an accelerator host
+a few actors x 64 envs in async EnvPool mode), in one process, each for a warm-up and a measured
+window:
+- `env_only`: the actors' EnvPools alone, at the pipeline's own num_actors x (num_envs,
+  env_batch_size, env_threads), one thread per pool, async recv/send with random actions (when
+  the batch is all the envs, each recv returns them all): the environment-side limit;
 - `actors_only`: the actor threads (EnvPool + jitted policy + rollout placement on the learner
   devices), with a drain thread that frees each rollout at once (no learner);
 - `learner_only`: the compiled update on a synthetic batch already on the learner devices;
 - `pipeline_async`: the Trainer with the task's lag cap K;
-- `pipeline_sync`: the same with K = 0 (actors wait for every new version).
-Pipeline rows carry the profile of their window (fractions of wall time per actor thread spent
-in env recv, inference, blocked on the rate controller or queue; learner idle), which says where
-a shortfall comes from. `python -m tools.suites.throughput --worker MODE ...` measures one mode
-in a process of its own (the scaling suite uses it with forced CPU devices).
+- `pipeline_sync`: the same with K = 0, and with sync EnvPool (env_batch_size = 0: every recv
+  is all num_envs envs), which K = 0 has needed; the row's `note` says so.
+The headline is `vs_limit` = pipeline_async / env_only ("pipeline / limit"): how much of what
+the environments alone can make the whole system turns into learning data. Pipeline rows also
+carry the actors' per-step split over their window, as fractions of actor-thread wall time (env
+recv, host -> device, inference, device -> host, env send, buffer writes, blocked on the rate
+controller or the queue), plus dropped_stale and idle_env_steps, where the run's metrics
+records have those counters (`.get`: older records lack some). results.json holds each task's
+layout (`config.layouts`) and the headline (`config.headline`).
+$JAXRL_BENCH_TASKS (comma-separated) picks tasks; $JAXRL_BENCH_BUDGET_S bounds the suite's
+time: each task gets its share, modes run headline first (env_only, learner_only,
+pipeline_async, actors_only, pipeline_sync) and a mode that would start past its task's share is
+a row marked `skipped`. Each finished task rewrites results.json, so a killed run keeps them.
+`python -m tools.suites.throughput --worker MODE ...` measures one mode of a given flat config
+in a process of its own (the scaling suite uses it with forced CPU devices; no layout applied).
 """
 
 from __future__ import annotations
@@ -29,9 +45,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.bench_common import Progress, SuiteResult, md_table
+from tools.bench_common import Progress, SuiteResult, md_table, write_results
 
 MODES = ("env_only", "actors_only", "learner_only", "pipeline_async", "pipeline_sync")
+# The order the modes run in: the headline's (env_only, pipeline_async) early, learner_only
+# before the pipelines (its update time sizes their window), so a time budget cuts the rest.
+RUN_ORDER = ("env_only", "learner_only", "pipeline_async", "actors_only", "pipeline_sync")
+TASKS = ("cartpole", "breakout", "pong", "halfcheetah")
+# The sizes a layout chooses, recorded on every row (what env_only shares with the pipeline).
+SIZES = ("num_actors", "num_envs", "env_batch_size", "env_threads", "rollouts_per_update")
+# The actors' per-step path (runtime/actor.py, ActorTimers; runtime/monitor.py STEP_SPLIT), in
+# the order a step takes it: cumulative seconds summed over the actor threads.
+STEP_SPLIT = ("env_recv_s", "h2d_s", "inference_s", "d2h_s", "env_send_s", "write_s")
+SYNC_NOTE = ("K=0 with sync EnvPool (env_batch_size=0: each recv is all num_envs envs), which "
+             "K=0 has needed; other sizes as the layout's")
 # How long the pipeline may take to compile and make its first update before it is failed.
 _FIRST_UPDATE_TIMEOUT_S = 240.0
 _RESULT_PREFIX = "RESULT "
@@ -51,51 +78,88 @@ class Window:
 WINDOWS = {"tiny": Window(0.5, 1.5), "quick": Window(2.0, 6.0), "full": Window(5.0, 30.0)}
 
 
-def task_configs(tiny: bool = False) -> dict[str, dict[str, Any]]:
-  """task -> flat config. A preset of that name is used where one exists (presets change).
-
-  $JAXRL_BENCH_TASKS (comma-separated task names) keeps only those tasks.
-  """
-  out = _all_task_configs(tiny)
+def selected(names: Any) -> list[str]:
+  """`names` kept by $JAXRL_BENCH_TASKS (comma-separated; unset or empty: all)."""
   keep = [t for t in os.environ.get("JAXRL_BENCH_TASKS", "").split(",") if t]
-  return {t: c for t, c in out.items() if t in keep} if keep else out
+  return [n for n in names if n in keep] if keep else list(names)
+
+
+def task_configs(tiny: bool = False) -> dict[str, dict[str, Any]]:
+  """task -> flat config, before any layout. A preset of that name is used where one exists
+  (presets change). $JAXRL_BENCH_TASKS keeps only the tasks it names; with `tiny` (test sizes)
+  only CartPole unless it names others."""
+  out = _all_task_configs(tiny)
+  if tiny and not os.environ.get("JAXRL_BENCH_TASKS"):
+    return {"cartpole": out["cartpole"]}
+  return {t: out[t] for t in selected(out)}
 
 
 def _all_task_configs(tiny: bool) -> dict[str, dict[str, Any]]:
   from experiments.presets import PRESETS
 
   if tiny:
-    return {"cartpole": dict(algo="impala", env_id="CartPole-v1", num_actors=1, num_envs=4,
-                             rollout_len=8, hidden_sizes="16,16", max_policy_lag=1,
-                             num_epochs=1, num_minibatches=1)}
+    small = dict(algo="impala", num_actors=1, num_envs=4, rollout_len=8, max_policy_lag=1,
+                 num_epochs=1, num_minibatches=1)
+    atari = dict(small, network="nature_cnn", frame_stack=4, reward_clip=True)
+    return {"cartpole": dict(small, env_id="CartPole-v1", hidden_sizes="16,16"),
+            "breakout": dict(atari, env_id="Breakout-v5", episodic_life=True),
+            "pong": dict(atari, env_id="Pong-v5", episodic_life=False),
+            "halfcheetah": dict(algo="ppo", env_id="HalfCheetah-v4", num_actors=1, num_envs=4,
+                                rollout_len=8, max_policy_lag=0, num_epochs=1,
+                                num_minibatches=1, hidden_sizes="16,16")}
   # The presets users train with, where they exist; the fallbacks keep the suite running if
-  # one is renamed. Breakout is measured with the Nature CNN whatever its preset's torso.
+  # one is renamed. Breakout and Pong are measured with the Nature CNN whatever their presets'
+  # torso (the IMPALA ResNet's update is too slow for a CPU window).
+  atari = dict(algo="impala", network="nature_cnn", frame_stack=4, reward_clip=True,
+               num_envs=16, rollout_len=32, max_policy_lag=1, num_epochs=1, num_minibatches=1)
   fallback = {
-      "cartpole": dict(algo="impala", env_id="CartPole-v1", num_actors=2, num_envs=16,
-                       rollout_len=16, max_policy_lag=1, num_epochs=4, num_minibatches=2),
-      "breakout": dict(algo="impala", env_id="Breakout-v5", episodic_life=True, num_actors=2,
-                       num_envs=16, rollout_len=32, max_policy_lag=1, num_epochs=1,
-                       num_minibatches=1),
+      "cartpole": dict(algo="impala", env_id="CartPole-v1", num_envs=16, rollout_len=16,
+                       max_policy_lag=1, num_epochs=4, num_minibatches=2),
+      "breakout": dict(atari, env_id="Breakout-v5", episodic_life=True),
+      "pong": dict(atari, env_id="Pong-v5", episodic_life=False),
       "halfcheetah": dict(algo="ppo", env_id="HalfCheetah-v4", num_actors=1, num_envs=32,
                           rollout_len=64, max_policy_lag=0, num_epochs=10, num_minibatches=32,
                           normalize_obs=True),
   }
-  presets = {"cartpole": "cartpole_impala", "breakout": "breakout_impala",
+  presets = {"cartpole": "cartpole_impala", "breakout": "breakout_impala", "pong": "pong_impala",
              "halfcheetah": "halfcheetah_ppo"}
   out = {task: dict(PRESETS.get(presets[task], flat)) for task, flat in fallback.items()}
-  out["breakout"]["network"] = "nature_cnn"
+  out["breakout"]["network"] = out["pong"]["network"] = "nature_cnn"
   return out
 
 
+def laid_out(tasks: dict[str, dict[str, Any]], host: Any = None
+             ) -> dict[str, tuple[dict[str, Any], Any]]:
+  """task -> (flat config with the host's layout, the Layout), as `--layout=auto` with no size
+  flags sizes a training run on `host` (default: this process's)."""
+  from jaxrl_async import layout
+
+  host = host or layout.detect_host()
+  return {task: layout.choose("auto", flat, set(), host) for task, flat in tasks.items()}
+
+
 def pipeline_overrides(mode: str, flat: dict[str, Any]) -> dict[str, Any]:
-  """Sync is K = 0 (with sync EnvPool, which K = 0 needs); async is the config's own K, or
-  K = 1 where the config is synchronous (an on-policy preset), so the two always differ."""
+  """Sync is K = 0 with sync EnvPool (env_batch_size = 0; SYNC_NOTE); async is the config's
+  own K, or K = 1 where the config is synchronous (an on-policy preset), so the two always
+  differ. Every other mode keeps the config's sizes, so env_only steps the pipeline's pools."""
   if mode == "pipeline_sync":
     return {"max_policy_lag": 0, "env_batch_size": 0, "free_running": False}
   if mode == "pipeline_async" and not flat.get("free_running") and not flat.get(
       "max_policy_lag", 1):
     return {"max_policy_lag": 1}
   return {}
+
+
+def mode_config(mode: str, flat: dict[str, Any]) -> Any:
+  """The TrainConfig `mode` measures for the task config `flat`."""
+  return bench_config(flat, **pipeline_overrides(mode, flat))
+
+
+def sizes(config: Any) -> dict[str, int]:
+  """The layout's sizes as `config` runs them."""
+  return {"num_actors": config.actor.num_actors, "num_envs": config.env.num_envs,
+          "env_batch_size": config.env.batch_size, "env_threads": config.env.env_threads,
+          "rollouts_per_update": config.rate.rollouts_per_update}
 
 
 def bench_config(flat: dict[str, Any], **overrides: Any) -> Any:
@@ -144,7 +208,9 @@ def _sample_window(count: Any, window: Window, snapshot: Any = lambda: None
 
 
 def measure_env_only(config: Any, spec: Any, window: Window) -> dict[str, Any]:
-  """One thread per actor, each stepping its own EnvPool with pre-drawn random actions."""
+  """num_actors EnvPools of the config's (num_envs, batch, threads), one thread each, stepped
+  with random actions through EnvPool's async API: recv a batch, send its actions, so with a
+  batch < num_envs the pool steps the other envs meanwhile, as in the actor."""
   import numpy as np
 
   from jaxrl_async import envs
@@ -158,17 +224,21 @@ def measure_env_only(config: Any, spec: Any, window: Window) -> dict[str, Any]:
                           (64, b, spec.num_actions)).astype(np.float32)
   pools = [envs.make_pool(config.env, seed=1000 * i) for i in range(A)]
   counts, stop = [0] * A, threading.Event()
+  errors: list[BaseException] = []
 
   def loop(i: int) -> None:
     pool = pools[i]
-    pool.async_reset()
-    k = 0
-    while not stop.is_set():
-      *_, info = pool.recv()
-      ids = info["env_id"]
-      pool.send(actions[k % 64][:len(ids)], ids)
-      counts[i] += len(ids)
-      k += 1
+    try:
+      pool.async_reset()
+      k = 0
+      while not stop.is_set():
+        *_, info = pool.recv()
+        ids = info["env_id"]
+        pool.send(actions[k % 64][:len(ids)], ids)
+        counts[i] += len(ids)
+        k += 1
+    except BaseException as e:  # noqa: BLE001 - reported by the measuring thread
+      errors.append(e)
 
   threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(A)]
   for t in threads:
@@ -181,7 +251,9 @@ def measure_env_only(config: Any, spec: Any, window: Window) -> dict[str, Any]:
       t.join(10.0)
     for p in pools:
       p.close()
-  return {"sps": sps, "window_s": secs}
+  if errors:
+    raise RuntimeError(f"env_only pool failed: {errors[0]!r}") from errors[0]
+  return {"sps": sps, "window_s": secs, "async_envpool": config.env.is_async}
 
 
 def measure_actors_only(config: Any, spec: Any, window: Window,
@@ -237,9 +309,24 @@ def measure_actors_only(config: Any, spec: Any, window: Window,
   errors = [t.error for t in threads if t.error]
   if errors or alive:
     raise RuntimeError(errors[0] if errors else f"threads left running: {alive}")
-  frac = lambda k: sum(a[k] - b[k] for a, b in zip(after, before, strict=True)) / secs / A
-  return {"sps": sps, "window_s": secs, "env_recv_frac": frac("env_recv_s"),
-          "inference_frac": frac("inference_s"), "put_frac": frac("put_s")}
+  return {"sps": sps, "window_s": secs, **timer_fractions(before, after, secs, A)}
+
+
+def timer_fractions(before: list[dict[str, Any]], after: list[dict[str, Any]], secs: float,
+                    num_actors: int) -> dict[str, float | None]:
+  """Each actor timer's share of actor-thread wall time between two snapshots (one dict per
+  actor); None for a timer these actors lack (the split is newer than some actors)."""
+
+  def frac(k: str) -> float | None:
+    if not all(k in a for a in after):
+      return None
+    return sum(a[k] - b.get(k, 0.0) for a, b in zip(after, before, strict=True)) / secs / max(
+        num_actors, 1)
+
+  out = {k.removesuffix("_s") + "_frac": frac(k) for k in (*STEP_SPLIT, "put_s", "permit_s")}
+  steps = [out[k.removesuffix("_s") + "_frac"] for k in STEP_SPLIT]
+  out["untimed_frac"] = 1.0 - sum(steps) if None not in steps else None
+  return out
 
 
 def synthetic_batch(parts: _Parts, seed: int = 0) -> tuple[Any, ...]:
@@ -318,24 +405,46 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def window_profile(records: list[dict[str, Any]], num_actors: int) -> dict[str, Any]:
-  """SPS and where the time went, between the first and last of `records` (a window)."""
+  """SPS and where the time went, between the first and last of `records` (a window).
+
+  The actors' split (`STEP_SPLIT`, then permit and queue-put waits, param fetches) is each
+  cumulative counter's growth over the window as a fraction of actor-thread wall time
+  (num_actors x window); `blocked_frac` is permit + queue put; `untimed_frac` is what the step
+  split leaves (Python between the timed calls). The actor times its waits for a ticket, the
+  queue and the params inside `write_s` as well, so blocked and param fetch are parts of write,
+  not additions to the split. A counter the records lack is None.
+  """
   if len(records) < 2:
     return {"sps": None}
   a, b = records[0], records[-1]
   dt = max(b["wall_s"] - a["wall_s"], 1e-9)
-  per_actor = lambda k: (b.get(k, 0.0) - a.get(k, 0.0)) / dt / max(num_actors, 1)
+
+  def delta(k: str) -> float | None:
+    return b[k] - a.get(k, 0) if b.get(k) is not None else None
+
+  def per_actor(k: str) -> float | None:
+    d = delta(k)
+    return None if d is None else d / dt / max(num_actors, 1)
+
   mean = lambda k: statistics.fmean(r.get(k) or 0.0 for r in records[1:])
+  split = {k.removesuffix("_s") + "_frac": per_actor(k)
+           for k in (*STEP_SPLIT, "permit_s", "queue_put_s", "param_fetch_s")}
+  waits = [split["permit_frac"], split["queue_put_frac"]]
+  steps = [split[k.removesuffix("_s") + "_frac"] for k in STEP_SPLIT]
+  queue_get = delta("queue_get_s")
   return {
       "sps": (b["env_steps"] - a["env_steps"]) / dt,
       "window_s": dt,
       "updates_per_s": (b["version"] - a["version"]) / dt,
-      "env_recv_frac": per_actor("env_recv_s"),
-      "inference_frac": per_actor("inference_s"),
+      **split,
+      "blocked_frac": sum(waits) if None not in waits else None,
+      "untimed_frac": 1.0 - sum(steps) if None not in steps else None,
       "actor_blocked_frac": mean("actor_blocked_frac"),
       "learner_idle_frac": mean("learner_idle_frac"),
-      "queue_get_frac": (b.get("queue_get_s", 0.0) - a.get("queue_get_s", 0.0)) / dt,
+      "queue_get_frac": None if queue_get is None else queue_get / dt,
       "policy_lag_mean": mean("policy_lag_mean"),
-      "dropped_stale": b.get("dropped_stale", 0) - a.get("dropped_stale", 0),
+      "dropped_stale": delta("dropped_stale"),
+      "idle_env_steps": delta("idle_env_steps"),
   }
 
 
@@ -385,11 +494,13 @@ def measure(mode: str, flat: dict[str, Any], window: Window, run_dir: Path,
   """One mode of one config, in this process; returns at least {"sps": ...}."""
   from jaxrl_async.runtime.trainer import validate
 
-  config = bench_config(flat, **pipeline_overrides(mode, flat))
+  config = mode_config(mode, flat)
   spec = validate(config)
   # The host's load when the window starts: this machine is shared, and a busy neighbour is
-  # the first suspect for an odd number.
-  load = {"loadavg_1m": os.getloadavg()[0]}
+  # the first suspect for an odd number. The sizes say what ran (env_only: the pipeline's).
+  load = {"loadavg_1m": os.getloadavg()[0], **sizes(config)}
+  if mode == "pipeline_sync":
+    load["note"] = SYNC_NOTE
   if mode == "env_only":
     return measure_env_only(config, spec, window) | load
   if mode == "actors_only":
@@ -453,7 +564,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-  """On each task's pipeline rows: SPS / min(actors alone, learner alone), and async / sync.
+  """On each task's pipeline rows: SPS / env_only (`vs_limit`, the headline on pipeline_async:
+  the environments alone at the same sizes are the limit), SPS / min(actors alone, learner
+  alone), and async / sync.
 
   Also SPS against the *serial* bound 1 / (1/actors + 1/learner): what the pipeline would do
   if actors and learner took turns on one resource. Above 1 means they overlap; at 1 they
@@ -462,6 +575,7 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
   by = {(r["task"], r["mode"]): r.get("sps") for r in rows}
   for r in rows:
     if r["mode"].startswith("pipeline"):
+      r["vs_limit"] = _ratio(r.get("sps"), by.get((r["task"], "env_only")))
       parts = [by.get((r["task"], m)) for m in ("actors_only", "learner_only")]
       bound = min(parts) if all(parts) else None
       r["vs_bottleneck"] = _ratio(r.get("sps"), bound)
@@ -471,6 +585,18 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
       r["vs_serial"] = _ratio(r.get("sps"), serial)
     if r["mode"] == "pipeline_async":
       r["async_vs_sync"] = _ratio(r.get("sps"), by.get((r["task"], "pipeline_sync")))
+
+
+def headline(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+  """task -> pipeline / limit: pipeline_async's SPS over env_only's at the same sizes."""
+  by = {(r["task"], r["mode"]): r for r in rows}
+  out = {}
+  for task in dict.fromkeys(r["task"] for r in rows):
+    pipe, env = by.get((task, "pipeline_async"), {}), by.get((task, "env_only"), {})
+    out[task] = {"pipeline_sps": pipe.get("sps"), "limit_sps": env.get("sps"),
+                 "pipeline_vs_limit": _ratio(pipe.get("sps"), env.get("sps")),
+                 **{k: env.get(k, pipe.get(k)) for k in SIZES}}
+  return out
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> Path:
@@ -487,7 +613,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
            for t in tasks]
     ax.bar([k - 0.4 + width * (i + 0.5) for k in range(len(tasks))], sps, width, label=mode)
   ax.set_xticks(range(len(tasks)), tasks)
-  ax.set(ylabel="env steps / s", yscale="log", title="throughput by mode")
+  ax.set(ylabel="env steps / s", title="throughput by mode")
+  if any(r.get("sps") for r in rows):
+    ax.set_yscale("log")
   ax.legend(fontsize="small")
   ax.grid(alpha=0.3, axis="y")
   fig.tight_layout()
@@ -496,31 +624,57 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
   return path
 
 
-def run(out_dir: Path, quick: bool, tiny: bool = False) -> SuiteResult:
+def run(out_dir: Path, quick: bool, tiny: bool = False, host: Any = None) -> SuiteResult:
   window = WINDOWS["tiny" if tiny else "quick" if quick else "full"]
-  tasks = task_configs(tiny)
-  configure(next(iter(tasks.values())))
+  raw = task_configs(tiny)
+  if not raw:
+    raise SystemExit(f"throughput: JAXRL_BENCH_TASKS={os.environ.get('JAXRL_BENCH_TASKS')!r} "
+                     f"names none of the tasks {', '.join(TASKS)}")
+  configure(next(iter(raw.values())))
+  tasks = laid_out(raw, host)
+  budget_s = float(os.environ.get("JAXRL_BENCH_BUDGET_S") or 0) or None
   progress = Progress(len(tasks) * len(MODES), "throughput")
-  rows = []
-  for task, flat in tasks.items():
-    parts, task_window = None, window
-    for mode in MODES:
+  rows: list[dict[str, Any]] = []
+  t0 = time.time()
+  for i, (task, (flat, _)) in enumerate(tasks.items()):
+    deadline = t0 + budget_s * (i + 1) / len(tasks) if budget_s else math.inf
+    parts, task_window, done = None, window, {}
+    for mode in RUN_ORDER:
       row: dict[str, Any] = {"task": task, "mode": mode}
-      try:
-        if mode == "actors_only":
-          parts = _Parts(bench_config(flat), _spec(flat))
-        row.update(measure(mode, flat, task_window, out_dir / "runs" / f"{task}-{mode}", parts))
-        if mode == "learner_only":
-          task_window = pipeline_window(window, row["update_ms"] / 1000)
-      except Exception as e:  # noqa: BLE001 - one failed mode must not lose the others
-        row.update(sps=None, error=f"{type(e).__name__}: {e}")
-      rows.append(row)
+      if time.time() >= deadline:
+        row.update(sps=None, skipped=True, note=f"skipped: the task's share of "
+                   f"JAXRL_BENCH_BUDGET_S={budget_s:g} was spent")
+      else:
+        try:
+          if mode in ("actors_only", "learner_only"):
+            parts = parts or _Parts(mode_config(mode, flat), _spec(flat))
+          row.update(measure(mode, flat, task_window, out_dir / "runs" / f"{task}-{mode}",
+                             parts))
+          if mode == "learner_only":
+            task_window = pipeline_window(window, row["update_ms"] / 1000)
+        except Exception as e:  # noqa: BLE001 - one failed mode must not lose the others
+          row.update(sps=None, error=f"{type(e).__name__}: {e}")
+      done[mode] = row
       sps = row.get("sps")
-      progress.step(f"{task} {mode}: " + (f"{sps:,.0f} sps" if sps else row.get("error", "")))
+      progress.step(f"{task} {mode}: " + (f"{sps:,.0f} sps" if sps else
+                                           row.get("error") or row.get("note", "")))
+    rows += [done[m] for m in MODES]
+    result = _result(rows, tasks, window, budget_s, out_dir)
+    if i + 1 < len(tasks):  # so a run killed later keeps the tasks done
+      write_results(out_dir, "throughput", result, f"(partial: {i + 1} of {len(tasks)} tasks)")
+  return result
+
+
+def _result(rows: list[dict[str, Any]], tasks: dict[str, tuple[dict[str, Any], Any]],
+            window: Window, budget_s: float | None, out_dir: Path) -> SuiteResult:
   add_ratios(rows)
   plots = [plot(rows, out_dir / "throughput.png").name]
-  return SuiteResult(rows, tables(rows), {"tasks": tasks, "window": dataclasses.asdict(window),
-                                          "overrides": BENCH_OVERRIDES}, plots)
+  layouts = {task: lay.to_json() for task, (_, lay) in tasks.items()}
+  return SuiteResult(rows, tables(rows, layouts),
+                     {"tasks": {task: flat for task, (flat, _) in tasks.items()},
+                      "layouts": layouts, "headline": headline(rows),
+                      "window": dataclasses.asdict(window), "budget_s": budget_s,
+                      "overrides": BENCH_OVERRIDES}, plots)
 
 
 def pipeline_window(window: Window, update_s: float) -> Window:
@@ -535,20 +689,34 @@ def _spec(flat: dict[str, Any]) -> Any:
   return validate(bench_config(flat))
 
 
-def tables(rows: list[dict[str, Any]]) -> str:
+def tables(rows: list[dict[str, Any]], layouts: dict[str, dict[str, Any]] | None = None) -> str:
   pipelines = [r for r in rows if r["mode"].startswith("pipeline")]
-  return ("## SPS by mode\n\n"
-          + md_table(rows, ["task", "mode", "sps", "update_ms", "window_s", "loadavg_1m",
-                            "error"])
+  heads = [{"task": t, **h} for t, h in headline(rows).items()]
+  lay = [{"task": t, "host": "{cores} cores, {devices} x {platform}".format(**j["host"]),
+          **j["values"], "chosen": ",".join(j["chosen"]), "why": "; ".join(j["why"])}
+         for t, j in (layouts or {}).items()]
+  return ("## Pipeline / limit (pipeline_async over env_only at the same sizes)\n\n"
+          + md_table(heads, ["task", *SIZES[:4], "limit_sps", "pipeline_sps",
+                             "pipeline_vs_limit"])
+          + ("\n## Layout (`--layout=auto` on this host)\n\n"
+             + md_table(lay, ["task", "host", *SIZES, "chosen", "why"]) if lay else "")
+          + "\n## SPS by mode\n\n"
+          + md_table(rows, ["task", "mode", "sps", *SIZES[:4], "update_ms", "window_s",
+                            "loadavg_1m", "note", "error"])
           + "\n## Pipeline against its parts\n\n"
-          + md_table(pipelines, ["task", "mode", "sps", "vs_bottleneck", "vs_actors",
-                                 "vs_learner", "vs_serial", "async_vs_sync"])
-          + "\n## Where the time goes (fractions of the window; per actor thread for env "
-          "recv, inference and blocked)\n\n"
-          + md_table([r for r in rows if r["mode"] != "learner_only"],
-                     ["task", "mode", "env_recv_frac", "inference_frac", "put_frac",
-                      "actor_blocked_frac", "learner_idle_frac", "queue_get_frac",
-                      "updates_per_s", "policy_lag_mean", "dropped_stale"]))
+          + md_table(pipelines, ["task", "mode", "sps", "vs_limit", "vs_bottleneck",
+                                 "vs_actors", "vs_learner", "vs_serial", "async_vs_sync"])
+          + "\n## The actors' step, split (fractions of actor-thread wall time; blocked and "
+          "param fetch are timed inside write too)\n\n"
+          + md_table([r for r in rows if r["mode"] in ("actors_only", "pipeline_async",
+                                                       "pipeline_sync")],
+                     ["task", "mode", "env_recv_frac", "h2d_frac", "inference_frac",
+                      "d2h_frac", "env_send_frac", "write_frac", "blocked_frac",
+                      "param_fetch_frac", "untimed_frac", "put_frac"])
+          + "\n## Pipeline health over the window\n\n"
+          + md_table(pipelines, ["task", "mode", "actor_blocked_frac", "learner_idle_frac",
+                                 "queue_get_frac", "updates_per_s", "policy_lag_mean",
+                                 "dropped_stale", "idle_env_steps"]))
 
 
 if __name__ == "__main__":
