@@ -127,7 +127,9 @@ BACKEND=unknown
 if (( ! DRY )); then
   BACKEND=$(timeout 90 "$PY" -c "import jax; print(jax.default_backend())" 2>/dev/null | tail -1)
 fi
-step devices 60 "$PY" -c "import jax, envpool; print('jax', jax.__version__, jax.devices(), '| envpool', envpool.__version__, envpool.__file__)"
+# EnvPool and rlax (through tfp) are what the offline host lacks: import both here, where a
+# missing package shows first.
+step devices 60 "$PY" -c "import jax, envpool, rlax; print('jax', jax.__version__, jax.devices(), '| envpool', envpool.__version__, envpool.__file__, '| rlax', rlax.__file__)"
 
 TRAIN_S=${DEVICE_CHECK_TRAIN_S:-300}
 if [[ "$BACKEND" == "gpu" || "$BACKEND" == "cuda" ]] || (( DRY )); then

@@ -633,6 +633,7 @@ def run(out_dir: Path, quick: bool, tiny: bool = False, host: Any = None) -> Sui
   configure(next(iter(raw.values())))
   tasks = laid_out(raw, host)
   budget_s = float(os.environ.get("JAXRL_BENCH_BUDGET_S") or 0) or None
+  out_dir.mkdir(parents=True, exist_ok=True)
   progress = Progress(len(tasks) * len(MODES), "throughput")
   rows: list[dict[str, Any]] = []
   t0 = time.time()
