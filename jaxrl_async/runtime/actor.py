@@ -361,6 +361,7 @@ class Actor:
       obs, reward, terminated, truncated, info = pool.recv()
       t1 = time.perf_counter()
       timers.env_recv_s += t1 - t0
+      waited_before = timers.put_s + timers.permit_s + timers.paused_s + timers.param_fetch_s
       obs = obs.astype(self.spec.obs_dtype, copy=False)
       ids = np.asarray(info["env_id"])
       in_pool -= len(ids)
@@ -414,7 +415,9 @@ class Actor:
             parked[stepped_idle], idle[stepped_idle] = False, True
 
       t2 = time.perf_counter()
-      timers.write_s += t2 - t1
+      # Bookkeeping only: the waits in between (queue put, tickets, params) have their own.
+      waited = timers.put_s + timers.permit_s + timers.paused_s + timers.param_fetch_s
+      timers.write_s += t2 - t1 - (waited - waited_before)
       if released is None and stepped_idle is None:
         send_ids, rows = (ids, slice(None)) if act.all() else (ids[act], act)
         action, extras, key = self._infer_rows(params, obs[rows], key)
