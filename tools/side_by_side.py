@@ -41,8 +41,12 @@ def run_one(tree: Path, preset: str, seed: int, flags: dict[str, Any], cache: Pa
   if done.returncode != 0 or not summary_path.exists():
     return row | {"error": " | ".join(done.stderr.strip().splitlines()[-2:])}
   s = json.loads(summary_path.read_text())
+  timings = s.get("timings") or {}
+  start = timings.get("train_start_wall_s") or 0.0
   return row | {k: s.get(k) for k in ("solved", "solved_wall_s", "solved_env_steps", "env_steps",
-                                      "dropped_stale", "idle_env_steps")}
+                                      "dropped_stale", "idle_env_steps", "updates")} | {
+      "first_update_wall_s": timings.get("first_update_wall_s"),
+      "train_sps": s["env_steps"] / max(s["wall_s"] - start, 1e-9)}
 
 
 def main() -> int:

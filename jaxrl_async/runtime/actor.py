@@ -91,7 +91,8 @@ class PolicyOutputs:
     out = {}
     for name, shape, dtype, offset, width in self.fields:
       out[name] = packed[:, offset:offset + width].view(dtype).reshape((len(packed),) + shape)
-    return out.pop("action"), out
+    # EnvPool's send takes a contiguous action array; the packed column is a strided view.
+    return np.ascontiguousarray(out.pop("action")), out
 
 
 def lower_policy_step(policy: Any, params: Any, spec: envs.EnvSpec, batch_size: int,
@@ -338,23 +339,17 @@ class Actor:
       pool.close()
 
   def _loop(self, pool: Any) -> None:
-    T, E, B, timers = self.T, self.E, self.B, self.timers
-    new_segment = lambda: _Segment(T, E, self.spec, self.algo.extras_spec)
+    T, timers = self.T, self.timers
+    new_segment = lambda: _Segment(T, self.E, self.spec, self.algo.extras_spec)
     segments: dict[int, _Segment] = {}
-    counts = np.zeros(E, np.int64)  # recorded obs per env = the time index of its next obs
-    idle = np.zeros(E, bool)  # its last step was an idle step (recorded in no rollout)
-    parked = np.zeros(E, bool)  # waits at a rollout boundary for that rollout's ticket
-    held_obs = np.zeros((E,) + self.spec.obs_shape, self.spec.obs_dtype)  # parked envs' obs
-    held_valid = np.zeros(E, bool)
-    tracker = envs.EpisodeTracker(E)
+    tracker = envs.EpisodeTracker(self.E)
+    st = _EnvState(self.E, self.spec)
     key = jax.device_put(actor_key_data(self.config.run.seed, self.global_index, self._salt(),
                                         key_data_shape()), self.device)
-    next_emit, open_upto = 0, 0  # rollouts [next_emit, open_upto] are being made
     if not self._wait_ticket(0):
       return
     params, version = self._fetch_params()
     pool.async_reset()
-    in_pool = E  # envs stepping in EnvPool (sent, not yet received)
 
     while not self.stop.is_set():
       t0 = time.perf_counter()
@@ -364,16 +359,10 @@ class Actor:
       waited_before = timers.put_s + timers.permit_s + timers.paused_s + timers.param_fetch_s
       obs = obs.astype(self.spec.obs_dtype, copy=False)
       ids = np.asarray(info["env_id"])
-      in_pool -= len(ids)
+      st.in_pool -= len(ids)
       timers.env_steps += len(ids)
       self._steps_since_emit += len(ids)
-      # An env back from an idle step starts its rollout again from this obs.
-      back = idle[ids]
-      n = counts[ids] - back
-      counts[ids] = n + 1
-      if back.any():
-        idle[ids] = False
-        timers.idle_env_steps += int(back.sum())
+      n, recorded = st.received(ids, timers)
 
       step_end = terminated | truncated
       true_end = (info["terminated"].astype(bool) | truncated) if self._atari else step_end
@@ -381,66 +370,124 @@ class Actor:
       ret, length, obs_ends = tracker.update(ids, raw_reward, step_end, true_end)
       self.stats.record(ret, length)
       _write_observation(segments, new_segment, T, n, ids, obs, reward, terminated, truncated,
-                         None if not back.any() else ~back)
+                         recorded)
 
       # Emit every rollout that all envs have finished.
-      while counts.min() > (next_emit + 1) * T:
-        if not self._emit(segments.pop(next_emit), next_emit):
+      while st.counts.min() > (st.next_emit + 1) * T:
+        if not self._emit(segments.pop(st.next_emit), st.next_emit):
           return
-        next_emit += 1
+        st.next_emit += 1
 
-      # Which envs act now: those whose rollout has its ticket; the others park.
-      need = n >= (open_upto + 1) * T
-      act, released, stepped_idle = ~need, None, None
-      if need.any() or parked.any():
-        if self._try_ticket(open_upto + 1):
-          open_upto += 1
-          params, version = self._fetch_params()
-          act[:] = True
-          released, parked[:] = np.flatnonzero(parked), False
-        else:
-          park = ids[need]
-          held_obs[park], held_valid[park] = obs[need], ~obs_ends[need]
-          parked[park] = True
-          timers.parked_env_waits += len(park)
-          stepping = in_pool + int(act.sum())
-          if next_emit > open_upto:  # nothing of ours is unfinished: the wait holds up no one
-            if not self._wait_ticket(open_upto + 1):
-              return
-            open_upto += 1
-            params, version = self._fetch_params()
-            released, parked[:] = np.flatnonzero(parked), False
-          elif stepping < B:  # recv would wait forever: step a few parked envs off the record
-            stepped_idle = np.flatnonzero(parked)[:B - stepping]
-            parked[stepped_idle], idle[stepped_idle] = False, True
-
-      t2 = time.perf_counter()
-      # Bookkeeping only: the waits in between (queue put, tickets, params) have their own.
-      waited = timers.put_s + timers.permit_s + timers.paused_s + timers.param_fetch_s
-      timers.write_s += t2 - t1 - (waited - waited_before)
-      if released is None and stepped_idle is None:
-        send_ids, rows = (ids, slice(None)) if act.all() else (ids[act], act)
-        action, extras, key = self._infer_rows(params, obs[rows], key)
+      if not st.n_parked and n.max() < (st.open_upto + 1) * T:
+        # The common case: every env of the batch acts in a rollout that has its ticket.
+        t2 = time.perf_counter()
+        action, extras, key = self._infer(params, obs, key)
         t3 = time.perf_counter()
-        _write_action(segments, T, n[rows], send_ids, action, ~obs_ends[rows], extras, version)
+        _write_action(segments, T, n, ids, action, ~obs_ends, extras, version)
+        send_ids = ids
       else:
+        # Some env reached a rollout without a ticket, or parked envs wait for one.
+        decision = self._at_boundary(st, ids, n, obs, obs_ends)
+        if decision is None:
+          return
+        act, released, stepped_idle, fetched = decision
+        if fetched is not None:
+          params, version = fetched
+        t2 = time.perf_counter()
         extra = released if released is not None else stepped_idle
         send_ids = np.concatenate([ids[act], extra])
         action, extras, key = self._infer_rows(
-            params, np.concatenate([obs[act], held_obs[extra]]), key)
+            params, np.concatenate([obs[act], st.held_obs[extra]]), key)
         t3 = time.perf_counter()
         rec = len(send_ids) if released is not None else int(act.sum())
-        rec_ids = send_ids[:rec]
-        rec_n = np.concatenate([n[act], counts[extra] - 1])[:rec]
-        rec_valid = np.concatenate([~obs_ends[act], held_valid[extra]])[:rec]
-        _write_action(segments, T, rec_n, rec_ids, action[:rec], rec_valid,
-                      {k: v[:rec] for k, v in extras.items()}, version)
+        if rec:
+          rec_n = np.concatenate([n[act], st.counts[extra] - 1])[:rec]
+          rec_valid = np.concatenate([~obs_ends[act], st.held_valid[extra]])[:rec]
+          _write_action(segments, T, rec_n, send_ids[:rec], action[:rec], rec_valid,
+                        {k: v[:rec] for k, v in extras.items()}, version)
+      # Bookkeeping only: the waits in between (queue put, tickets, params) have their own.
+      waited = timers.put_s + timers.permit_s + timers.paused_s + timers.param_fetch_s
       t4 = time.perf_counter()
-      timers.write_s += t4 - t3
+      timers.write_s += (t2 - t1) - (waited - waited_before) + (t4 - t3)
       if len(send_ids):
         pool.send(action, send_ids)
-        in_pool += len(send_ids)
+        st.in_pool += len(send_ids)
       timers.env_send_s += time.perf_counter() - t4
+
+  def _at_boundary(self, st: _EnvState, ids: np.ndarray, n: np.ndarray, obs: np.ndarray,
+                   obs_ends: np.ndarray) -> tuple | None:
+    """Decides, at a rollout boundary, which envs act: (act [b] over the batch, released parked
+    envs or None, envs stepped off the record or None, newly fetched (params, version) or
+    None); None at shutdown."""
+    need = n >= (st.open_upto + 1) * self.T
+    act, released, stepped_idle, fetched = ~need, None, None, None
+    if self._try_ticket(st.open_upto + 1):
+      st.open_upto += 1
+      fetched = self._fetch_params()
+      act[:] = True
+      return act, st.release_parked(), None, fetched
+    st.park(ids[need], obs[need], ~obs_ends[need])
+    self.timers.parked_env_waits += int(need.sum())
+    if st.next_emit > st.open_upto:  # nothing of ours is unfinished: the wait holds up no one
+      if not self._wait_ticket(st.open_upto + 1):
+        return None
+      st.open_upto += 1
+      return act, st.release_parked(), None, self._fetch_params()
+    stepping = st.in_pool + int(act.sum())
+    if stepping < self.B:  # recv would wait forever: step a few parked envs off the record
+      stepped_idle = st.step_idle(self.B - stepping)
+    else:
+      stepped_idle = np.zeros(0, np.int64)
+    return act, released, stepped_idle, fetched
+
+
+class _EnvState:
+  """Where each of an actor's envs stands: recorded steps, parked at a boundary, or out on an
+  idle step; and which rollouts are being made."""
+
+  def __init__(self, num_envs: int, spec: envs.EnvSpec):
+    self.counts = np.zeros(num_envs, np.int64)  # recorded obs per env = its next obs's time
+    self.idle = np.zeros(num_envs, bool)  # its last step was an idle step (in no rollout)
+    self.parked = np.zeros(num_envs, bool)  # waits at a rollout boundary for its ticket
+    self.held_obs = np.zeros((num_envs,) + spec.obs_shape, spec.obs_dtype)  # parked envs' obs
+    self.held_valid = np.zeros(num_envs, bool)
+    self.n_idle = self.n_parked = 0
+    self.in_pool = num_envs  # stepping in EnvPool (sent, not yet received)
+    self.next_emit, self.open_upto = 0, 0  # rollouts [next_emit, open_upto] are being made
+
+  def received(self, ids: np.ndarray, timers: ActorTimers) -> tuple[np.ndarray, Any]:
+    """The time index of each received obs, and which envs' previous step was recorded (None:
+    all). An env back from an idle step starts its rollout again from this obs."""
+    if not self.n_idle:
+      n = self.counts[ids]
+      self.counts[ids] = n + 1
+      return n, None
+    back = self.idle[ids]
+    n = self.counts[ids] - back
+    self.counts[ids] = n + 1
+    self.idle[ids] = False
+    returned = int(back.sum())
+    self.n_idle -= returned
+    timers.idle_env_steps += returned
+    return n, ~back
+
+  def park(self, ids: np.ndarray, obs: np.ndarray, valid: np.ndarray) -> None:
+    self.held_obs[ids], self.held_valid[ids] = obs, valid
+    self.parked[ids] = True
+    self.n_parked = int(self.parked.sum())
+
+  def release_parked(self) -> np.ndarray:
+    released = np.flatnonzero(self.parked)
+    self.parked[:] = False
+    self.n_parked = 0
+    return released
+
+  def step_idle(self, count: int) -> np.ndarray:
+    chosen = np.flatnonzero(self.parked)[:count]
+    self.parked[chosen], self.idle[chosen] = False, True
+    self.n_parked -= len(chosen)
+    self.n_idle += len(chosen)
+    return chosen
 
 
 def _write_observation(segments, new_segment, T, n, ids, obs, reward, terminated, truncated,
