@@ -1,0 +1,55 @@
+"""One line per finished run: what was lost, the lag, and who waited for whom.
+
+For each RUN_DIR (summary.json and metrics.jsonl of `experiments.train`): env steps, updates,
+rollouts per update, `dropped_stale` and `idle_env_steps`, and the share of all env steps they
+lost (dropped rollouts x T x B plus idle steps, over env steps), the largest lag learned from
+and the lag histogram, SPS over the training time, and the mean actor-blocked and learner-idle
+fractions over the metrics records (the first, which holds the compile, and the last, partial,
+are left out when there are more than two).
+
+  python -m tools.run_summary RUN_DIR [RUN_DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+  s = json.loads((run_dir / "summary.json").read_text())
+  c = s["config"]
+  records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if line.strip()]
+  window = records[1:-1] if len(records) > 2 else records
+  mean = lambda key: sum(r.get(key, 0.0) for r in window) / max(len(window), 1)
+  idle_steps = s.get("idle_env_steps", 0)
+  lost = s["dropped_stale"] * c["rollout_len"] * c["num_envs"] + idle_steps
+  start = (s.get("timings") or {}).get("train_start_wall_s") or 0.0
+  return {"run": run_dir.name, "env_steps": s["env_steps"], "updates": s["updates"],
+          "rollouts_per_update": c["rollouts_per_update"], "dropped_stale": s["dropped_stale"],
+          "idle_env_steps": idle_steps, "lost_frac": lost / max(s["env_steps"], 1),
+          "max_lag": s["max_policy_lag_seen"], "lag_hist": s["lag_hist"],
+          "sps": s["env_steps"] / max(s["wall_s"] - start, 1e-9),
+          "actor_blocked": mean("actor_blocked_frac"), "learner_idle": mean("learner_idle_frac")}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("run_dirs", nargs="+", type=Path)
+  args = parser.parse_args()
+  print("| run | env steps | updates | U | dropped | idle steps | lost | max lag | lag hist | SPS "
+        "| actors blocked | learner idle |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+  for run_dir in args.run_dirs:
+    r = summarize(run_dir)
+    print(f"| {r['run']} | {r['env_steps']} | {r['updates']} | {r['rollouts_per_update']} | "
+          f"{r['dropped_stale']} | {r['idle_env_steps']} | {r['lost_frac']:.3f} | "
+          f"{r['max_lag']} | {r['lag_hist']} | {r['sps']:,.0f} | {r['actor_blocked']:.2f} | "
+          f"{r['learner_idle']:.2f} |")
+
+
+if __name__ == "__main__":
+  main()
