@@ -17,7 +17,8 @@ rules, each written down in `Layout.why`:
 - rollouts per update, unless set: every actor beyond K + 1 would otherwise wait for a ticket
   while the learner idles (the cap admits (K + 1) x U rollouts in flight). U = N actors keeps
   each actor one rollout ahead of the learner (`python -m tools.ticket_sim`: actors blocked
-  7-12% against 53-88% with U = 1, for N = 4-16, K = 1; BUILD_NOTES.md).
+  7-12% against 53-88% with U = 1, for N = 4-16, K = 1; BUILD_NOTES.md); an async-EnvPool actor
+  counts twice, since it starts its next rollout while its last envs finish the current one.
 """
 
 from __future__ import annotations
@@ -82,11 +83,15 @@ class Layout:
             "chosen": list(self.chosen), "why": list(self.why)}
 
 
-def rollouts_per_update(num_actors: int, max_policy_lag: int, free_running: bool) -> int:
-  """The static rule: U = N when N actors exceed the K + 1 that U = 1 keeps busy, else 1."""
-  if free_running or num_actors <= max_policy_lag + 1:
+def rollouts_per_update(num_actors: int, max_policy_lag: int, free_running: bool,
+                        async_envs: bool = False) -> int:
+  """The static rule: U = S when the S rollouts the actors want in flight exceed the K + 1 that
+  U = 1 admits, else 1. S = N, or 2N with async EnvPool, whose actors start their next rollout
+  while the last envs finish the current one (else those that finished first park)."""
+  slots = num_actors * (2 if async_envs else 1)
+  if free_running or slots <= max_policy_lag + 1:
     return 1
-  return num_actors
+  return slots
 
 
 def choose(mode: str, values: Mapping[str, Any], explicit: set[str] | frozenset[str],
@@ -117,13 +122,20 @@ def choose(mode: str, values: Mapping[str, Any], explicit: set[str] | frozenset[
     else:
       out[name] = value
       chosen.append(name)
+  envs = int(out.get("num_envs", EnvConfig.num_envs))
+  if "env_batch_size" in chosen and "num_envs" in explicit and out["env_batch_size"] > envs // 2:
+    out["env_batch_size"] = envs // 2 if envs >= 2 else 0  # async halves of the given envs
+    why.append(f"env_batch_size={out['env_batch_size']}: half of the --num_envs={envs} given")
   if "rollouts_per_update" not in explicit and "rollouts_per_update" not in values:
     n = int(out.get("num_actors", 2))
-    out["rollouts_per_update"] = rollouts_per_update(n, lag, free)
+    batch = int(out.get("env_batch_size", 0))
+    async_envs = 0 < batch < envs
+    u = out["rollouts_per_update"] = rollouts_per_update(n, lag, free, async_envs)
     chosen.append("rollouts_per_update")
-    if out["rollouts_per_update"] > 1:
-      why.append(f"rollouts_per_update={n}: {n} actors exceed the K + 1 = {lag + 1} that one "
-                 "rollout per update keeps busy")
+    if u > 1:
+      each = " (async EnvPool: 2 rollouts each)" if async_envs else ""
+      why.append(f"rollouts_per_update={u}: {n} actors{each} want more rollouts in flight than "
+                 f"the K + 1 = {lag + 1} that one per update admits")
   defaults = {"num_actors": 2, "num_envs": EnvConfig.num_envs, "env_batch_size": 0,
               "env_threads": 0, "rollouts_per_update": 1,
               "learner_devices": LearnerConfig.learner_devices}

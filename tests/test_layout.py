@@ -52,7 +52,8 @@ def test_one_gpu_sixteen_cores_feeds_envpool_at_its_peak():
   # EnvPool alone peaked at 64 envs, batch 32 on that host (16.2k Breakout steps/s).
   assert (config.env.num_envs, config.env.env_batch_size) == (64, 32)
   assert config.actor.num_actors * config.env.env_threads == 16
-  assert config.rate.rollouts_per_update == 1  # 2 actors, K = 1: both busy at U = 1
+  # 2 async actors, each with 2 rollouts in flight at a boundary, at K = 1: U = 4.
+  assert config.rate.rollouts_per_update == 4
 
 
 def test_explicit_flags_win_and_are_reported():
@@ -61,8 +62,11 @@ def test_explicit_flags_win_and_are_reported():
   assert out["num_envs"] == 24 and out["num_actors"] == 6
   assert "num_envs" not in chosen.chosen and "num_actors" not in chosen.chosen
   assert any("num_envs=24 given as a flag" in w for w in chosen.why)
-  # The rule for rollouts per update follows the actor count actually used: 6 > K + 1 = 2.
-  assert out["rollouts_per_update"] == 6
+  assert out["env_batch_size"] == 12  # async halves of the envs given, not the layout's 32
+  TrainConfig.from_flat(out)
+  # The rule for rollouts per update follows the actors actually used: 6 async actors want
+  # 12 rollouts in flight, more than K + 1 = 2.
+  assert out["rollouts_per_update"] == 12
 
 
 def test_preset_mode_keeps_sizes_but_decouples_concurrency():
@@ -75,10 +79,13 @@ def test_preset_mode_keeps_sizes_but_decouples_concurrency():
   assert out["rollouts_per_update"] == 1
 
 
-@pytest.mark.parametrize("n,k,free,u", [(1, 0, False, 1), (2, 1, False, 1), (2, 0, False, 2),
-                                        (4, 1, False, 4), (3, 2, False, 1), (8, 1, True, 1)])
-def test_rollouts_per_update_rule(n, k, free, u):
-  assert layout.rollouts_per_update(n, k, free) == u
+@pytest.mark.parametrize("n,k,free,async_envs,u", [
+    (1, 0, False, False, 1), (2, 1, False, False, 1), (2, 0, False, False, 2),
+    (4, 1, False, False, 4), (3, 2, False, False, 1), (8, 1, True, False, 1),
+    (1, 1, False, True, 1), (1, 0, False, True, 2), (2, 1, False, True, 4),
+    (2, 3, False, True, 1), (8, 1, True, True, 1)])
+def test_rollouts_per_update_rule(n, k, free, async_envs, u):
+  assert layout.rollouts_per_update(n, k, free, async_envs) == u
 
 
 def test_bad_layout_is_refused():

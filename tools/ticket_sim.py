@@ -21,7 +21,9 @@ from jaxrl_async.runtime.rate import RateController
 
 
 def simulate(n: int, k: int, u: int, learner_s: float = 0.02, jitter: float = 0.3,
-             horizon: float = 2000.0, seed: int = 0) -> dict[str, float]:
+             horizon: float = 2000.0, seed: int = 0, overlap: float = 0.0) -> dict[str, float]:
+  """`overlap`: the share of a rollout during which its actor already wants the next one (async
+  EnvPool: the first envs cross the boundary while the last finish); 0 is sync EnvPool."""
   rng = random.Random(seed)
   c = RateController(RateConfig(max_policy_lag=k, rollouts_per_update=u))
   events: list[tuple] = []
@@ -35,6 +37,7 @@ def simulate(n: int, k: int, u: int, learner_s: float = 0.02, jitter: float = 0.
     ticket = c.acquire(0)
     length = 1.0 + jitter * (rng.random() - 0.5)
     heapq.heappush(events, (now + length, "made", i, ticket, c.version))
+    heapq.heappush(events, (now + length * (1 - overlap), "want", i, None, None))
     return True
 
   for i in range(n):
@@ -44,6 +47,7 @@ def simulate(n: int, k: int, u: int, learner_s: float = 0.02, jitter: float = 0.
     t, kind, i, ticket, version = heapq.heappop(events)
     if kind == "made":
       queue.append((ticket, version))
+    elif kind == "want":
       if not start(i, t):
         waiting[i] = t
     else:  # "learned": ticket holds the update's tickets
@@ -68,15 +72,18 @@ def main() -> None:
   parser.add_argument("--learner_s", type=float, default=0.02)
   parser.add_argument("--jitter", type=float, default=0.3)
   parser.add_argument("--horizon", type=float, default=2000.0)
+  parser.add_argument("--overlap", type=float, default=0.3,
+                      help="async actors: share of a rollout that overlaps the next one")
   args = parser.parse_args()
-  print("| N | K | U | rule | actors blocked | learner idle | max lag |")
-  print("|---|---|---|---|---|---|---|")
-  for n, k in [(2, 1), (4, 1), (8, 1), (16, 1), (4, 0), (8, 2)]:
-    rule = rollouts_per_update(n, k, False)
-    for u in sorted({1, math.ceil(n / (k + 1)), rule}):
-      r = simulate(n, k, u, args.learner_s, args.jitter, args.horizon)
-      print(f"| {n} | {k} | {u} | {'yes' if u == rule else ''} | {r['actor_blocked']:.2f} | "
-            f"{r['learner_idle']:.2f} | {r['max_lag']} |")
+  print("| EnvPool | N | K | U | rule | actors blocked | learner idle | max lag |")
+  print("|---|---|---|---|---|---|---|---|")
+  for mode, overlap in (("sync", 0.0), ("async", args.overlap)):
+    for n, k in [(1, 0), (1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (4, 0), (8, 2)]:
+      rule = rollouts_per_update(n, k, False, overlap > 0)
+      for u in sorted({1, math.ceil(n / (k + 1)), n, rule}):
+        r = simulate(n, k, u, args.learner_s, args.jitter, args.horizon, overlap=overlap)
+        print(f"| {mode} | {n} | {k} | {u} | {'yes' if u == rule else ''} | "
+              f"{r['actor_blocked']:.2f} | {r['learner_idle']:.2f} | {r['max_lag']} |")
 
 
 if __name__ == "__main__":
