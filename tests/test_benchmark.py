@@ -333,3 +333,24 @@ def test_device_check_dry_run_lists_the_pong_training_and_the_throughput_step(tm
   assert any("tools.benchmark transfer --quick" in line for line in lines)
   assert any("tools/plot.py" in line for line in lines)
   assert not (tmp_path / "out" / "steps.tsv").exists()  # nothing ran
+
+
+def test_run_summary_counts_what_was_lost_and_who_waited(tmp_path):
+  from tools import run_summary
+
+  run = tmp_path / "run"
+  run.mkdir()
+  config = {"rollout_len": 8, "num_envs": 4, "rollouts_per_update": 2}
+  (run / "summary.json").write_text(json.dumps({
+      "config": config, "env_steps": 1000, "updates": 10, "dropped_stale": 2,
+      "idle_env_steps": 36, "max_policy_lag_seen": 1, "lag_hist": {"0": 12, "1": 8},
+      "wall_s": 12.0, "timings": {"train_start_wall_s": 2.0}}))
+  # The first record (compile) and the last (partial) are left out of the means.
+  records = [(0.9, 0.9), (0.2, 0.5), (0.4, 0.7), (0.9, 0.0)]
+  (run / "metrics.jsonl").write_text("\n".join(
+      json.dumps({"actor_blocked_frac": b, "learner_idle_frac": i}) for b, i in records))
+  r = run_summary.summarize(run)
+  assert r["lost_frac"] == pytest.approx((2 * 8 * 4 + 36) / 1000)
+  assert r["sps"] == pytest.approx(100.0)
+  assert r["actor_blocked"] == pytest.approx(0.3) and r["learner_idle"] == pytest.approx(0.6)
+  assert r["rollouts_per_update"] == 2
