@@ -47,8 +47,8 @@ _HOST_VARIANTS = (
 def _lowered_programs(config) -> dict[str, str]:
   """The text of every program the executable cache serves, lowered as the trainer does."""
   from jaxrl_async import envs
-  from jaxrl_async.runtime.actor import lower_policy_step
   from jaxrl_async.runtime.learner import lower_update
+  from jaxrl_async.runtime.policy_step import lower_policy_step
   from jaxrl_async.runtime.trainer import Trainer
 
   spec = envs.env_spec(config.env)

@@ -38,8 +38,8 @@ def main() -> None:
   from jaxrl_async.runtime import setup
 
   setup.configure_jax(config)
-  from jaxrl_async.runtime.actor import lower_policy_step
   from jaxrl_async.runtime.learner import lower_update
+  from jaxrl_async.runtime.policy_step import lower_policy_step
   from jaxrl_async.runtime.trainer import _RUN_ONCE_OPTIONS, Trainer, validate
 
   spec = validate(config, None)

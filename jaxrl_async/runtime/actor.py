@@ -32,13 +32,20 @@ import jax
 import numpy as np
 
 from jaxrl_async import envs
-from jaxrl_async.algos.base import Algorithm, Rollout
+from jaxrl_async.algos.base import Algorithm
 from jaxrl_async.config import TrainConfig
 from jaxrl_async.metrics import EpisodeStats
 from jaxrl_async.runtime.params import ParamStore
+from jaxrl_async.runtime.policy_step import PolicyOutputs, actor_key_data, key_data_shape
 from jaxrl_async.runtime.queue import QueueClosed, RolloutInfo, RolloutQueue
 from jaxrl_async.runtime.rate import RateController
-from jaxrl_async.runtime.sharding import host_buffer, put_batch
+from jaxrl_async.runtime.rollout_buffer import (
+  EnvState,
+  RolloutSegment,
+  write_action,
+  write_observation,
+)
+from jaxrl_async.runtime.sharding import put_batch
 
 _WAKE_S = 0.1  # every blocking wait wakes this often to look at the stop flag
 # NOTE: two threads device_put-ting the same replicated array at once raced inside JAX's
@@ -53,88 +60,6 @@ def env_seed(seed: int, actor_index: int, num_envs: int, salt: int = 0) -> int:
   base mixes the run seed with `salt` (resume version, restart count) so sessions differ."""
   base = int(np.random.SeedSequence([seed, salt]).generate_state(1)[0]) % (2**31 - 2**24)
   return base + actor_index * num_envs
-
-
-def key_data_shape() -> tuple[int, ...]:
-  """The shape of one key's raw data under the configured PRNG implementation (traced only)."""
-  return jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape
-
-
-class PolicyOutputs:
-  """The policy's action and extras travel device -> host as one packed [B, D] uint32 array:
-  one copy per step instead of one per output (each copy from an accelerator costs a round trip
-  of its own). Every output is 4 bytes wide (int32 / float32 actions, float32 extras), so
-  packing is a bitcast, exact for every value."""
-
-  def __init__(self, action_shape: tuple[int, ...], action_dtype: Any,
-               extras_spec: dict[str, Any]):
-    fields = [("action", tuple(action_shape), np.dtype(action_dtype))]
-    fields += [(k, tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in sorted(
-        extras_spec.items())]
-    self.fields, offset = [], 0
-    for name, shape, dtype in fields:
-      if dtype.itemsize != 4:
-        raise TypeError(f"policy output {name!r} is {dtype}; packing takes 4-byte dtypes")
-      width = int(np.prod(shape, dtype=np.int64))
-      self.fields.append((name, shape, dtype, offset, width))
-      offset += width
-    self.width = offset
-
-  def pack(self, action: Any, extras: dict[str, Any]) -> Any:  # traced
-    import jax.numpy as jnp
-
-    parts = [action] + [extras[name] for name, *_ in self.fields[1:]]
-    return jnp.concatenate([jax.lax.bitcast_convert_type(x.reshape(x.shape[0], -1), jnp.uint32)
-                            for x in parts], axis=1)
-
-  def unpack(self, packed: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    out = {}
-    for name, shape, dtype, offset, width in self.fields:
-      out[name] = packed[:, offset:offset + width].view(dtype).reshape((len(packed),) + shape)
-    # EnvPool's send takes a contiguous action array; the packed column is a strided view.
-    return np.ascontiguousarray(out.pop("action")), out
-
-
-def lower_policy_step(policy: Any, params: Any, spec: envs.EnvSpec, batch_size: int,
-                      device: jax.Device) -> Any:
-  """The actors' (params, obs, key data) -> (packed outputs, key data), traced and lowered for
-  `device` from shapes alone (`params` may be ShapeDtypeStructs); `PolicyOutputs` built from
-  the algorithm's `extras_spec` unpacks the outputs (extras in name order).
-
-  Keys travel as raw data so actors make theirs in numpy (`actor_key_data`).
-  """
-
-  def step(params, obs, key_data):
-    key, sub = jax.random.split(jax.random.wrap_key_data(key_data))
-    action, extras = policy(params, obs, sub)
-    per_env = lambda x: (tuple(x.shape[1:]), x.dtype)
-    outputs = PolicyOutputs(*per_env(action), {k: per_env(v) for k, v in extras.items()})
-    return outputs.pack(action, extras), jax.random.key_data(key)
-
-  on_actor = jax.sharding.SingleDeviceSharding(device)
-  shaped = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=on_actor)
-  params = jax.tree.map(lambda p: shaped(p.shape, p.dtype), params)
-  obs = shaped((batch_size,) + spec.obs_shape, spec.obs_dtype)
-  return jax.jit(step).lower(params, obs, shaped(key_data_shape(), np.uint32))
-
-
-def compile_policy_step(policy: Any, params: Any, spec: envs.EnvSpec, batch_size: int,
-                        device: jax.Device, executables: Any = None, name: str = "policy"
-                        ) -> Any:
-  """`lower_policy_step` compiled ahead of time (or, with `executables`, loaded from
-  runtime/executables.py's cache under `name` on a warm start)."""
-  lower = lambda: lower_policy_step(policy, params, spec, batch_size, device)
-  return executables.compile(name, [device], lower) if executables else lower().compile()
-
-
-def actor_key_data(seed: int, actor_index: int, salt: int, shape: tuple[int, ...]) -> np.ndarray:
-  """The actor's initial PRNG key, as raw key data made in numpy.
-
-  Eager `jax.random` calls compile one small program each (rbg's fold_in alone took 0.5 s on
-  this CPU), on the path to the first rollout; the compiled policy step wraps the data itself.
-  """
-  size = int(np.prod(shape))
-  return np.random.SeedSequence([seed, actor_index, salt]).generate_state(size).reshape(shape)
 
 
 @dataclasses.dataclass
@@ -159,26 +84,6 @@ class ActorTimers:
   lost_env_steps: int = 0
   idle_env_steps: int = 0  # taken while parked envs waited for a ticket, recorded in no rollout
   parked_env_waits: int = 0  # times an env was parked at a rollout boundary
-
-
-class _Segment:
-  """Host buffers for one rollout; fresh ones each time, since device_put copies asynchronously
-  (or, on a CPU device, aliases them: `host_buffer`), so they are never written after the put."""
-
-  def __init__(self, T: int, E: int, spec: envs.EnvSpec, extras_spec: dict[str, Any]):
-    self.obs = host_buffer((T + 1, E) + spec.obs_shape, spec.obs_dtype)
-    self.actions = host_buffer((T, E) + spec.action_shape, spec.action_dtype)
-    self.rewards = host_buffer((T, E), np.float32)
-    self.terminated = host_buffer((T, E), bool)
-    self.truncated = host_buffer((T, E), bool)
-    self.valid = host_buffer((T, E), bool)
-    self.extras = {k: host_buffer((T, E) + shape, dtype)
-                   for k, (shape, dtype) in extras_spec.items()}
-    self.version: int | None = None
-
-  def rollout(self) -> Rollout:
-    return Rollout(self.obs, self.actions, self.rewards, self.terminated, self.truncated,
-                   self.valid, self.extras)
 
 
 class Actor:
@@ -253,7 +158,7 @@ class Actor:
     self.timers.param_fetch_s += time.perf_counter() - t0
     return params, version
 
-  def _emit(self, seg: _Segment, k: int) -> bool:
+  def _emit(self, seg: RolloutSegment, k: int) -> bool:
     t0 = time.perf_counter()
     batch = put_batch(seg.rollout(), self.mesh)
     ticket = self._tickets[k]
@@ -340,10 +245,10 @@ class Actor:
 
   def _loop(self, pool: Any) -> None:
     T, timers = self.T, self.timers
-    new_segment = lambda: _Segment(T, self.E, self.spec, self.algo.extras_spec)
-    segments: dict[int, _Segment] = {}
+    new_segment = lambda: RolloutSegment(T, self.E, self.spec, self.algo.extras_spec)
+    segments: dict[int, RolloutSegment] = {}
     tracker = envs.EpisodeTracker(self.E)
-    st = _EnvState(self.E, self.spec)
+    st = EnvState(self.E, self.spec)
     key = jax.device_put(actor_key_data(self.config.run.seed, self.global_index, self._salt(),
                                         key_data_shape()), self.device)
     if not self._wait_ticket(0):
@@ -362,14 +267,15 @@ class Actor:
       st.in_pool -= len(ids)
       timers.env_steps += len(ids)
       self._steps_since_emit += len(ids)
-      n, recorded = st.received(ids, timers)
+      n, recorded, returned = st.received(ids)
+      timers.idle_env_steps += returned
 
       step_end = terminated | truncated
       true_end = (info["terminated"].astype(bool) | truncated) if self._atari else step_end
       raw_reward = info["reward"] if self._atari else reward
       ret, length, obs_ends = tracker.update(ids, raw_reward, step_end, true_end)
       self.stats.record(ret, length)
-      _write_observation(segments, new_segment, T, n, ids, obs, reward, terminated, truncated,
+      write_observation(segments, new_segment, T, n, ids, obs, reward, terminated, truncated,
                          recorded)
 
       # Emit every rollout that all envs have finished.
@@ -383,7 +289,7 @@ class Actor:
         t2 = time.perf_counter()
         action, extras, key = self._infer(params, obs, key)
         t3 = time.perf_counter()
-        _write_action(segments, T, n, ids, action, ~obs_ends, extras, version)
+        write_action(segments, T, n, ids, action, ~obs_ends, extras, version)
         send_ids = ids
       else:
         # Some env reached a rollout without a ticket, or parked envs wait for one.
@@ -403,7 +309,7 @@ class Actor:
         if rec:
           rec_n = np.concatenate([n[act], st.counts[extra] - 1])[:rec]
           rec_valid = np.concatenate([~obs_ends[act], st.held_valid[extra]])[:rec]
-          _write_action(segments, T, rec_n, send_ids[:rec], action[:rec], rec_valid,
+          write_action(segments, T, rec_n, send_ids[:rec], action[:rec], rec_valid,
                         {k: v[:rec] for k, v in extras.items()}, version)
       # Bookkeeping only: the waits in between (queue put, tickets, params) have their own.
       waited = timers.put_s + timers.permit_s + timers.paused_s + timers.param_fetch_s
@@ -414,7 +320,7 @@ class Actor:
         st.in_pool += len(send_ids)
       timers.env_send_s += time.perf_counter() - t4
 
-  def _at_boundary(self, st: _EnvState, ids: np.ndarray, n: np.ndarray, obs: np.ndarray,
+  def _at_boundary(self, st: EnvState, ids: np.ndarray, n: np.ndarray, obs: np.ndarray,
                    obs_ends: np.ndarray) -> tuple | None:
     """Decides, at a rollout boundary, which envs act: (act [b] over the batch, released parked
     envs or None, envs stepped off the record or None, newly fetched (params, version) or
@@ -441,97 +347,3 @@ class Actor:
     return act, released, stepped_idle, fetched
 
 
-class _EnvState:
-  """Where each of an actor's envs stands: recorded steps, parked at a boundary, or out on an
-  idle step; and which rollouts are being made."""
-
-  def __init__(self, num_envs: int, spec: envs.EnvSpec):
-    self.counts = np.zeros(num_envs, np.int64)  # recorded obs per env = its next obs's time
-    self.idle = np.zeros(num_envs, bool)  # its last step was an idle step (in no rollout)
-    self.parked = np.zeros(num_envs, bool)  # waits at a rollout boundary for its ticket
-    self.held_obs = np.zeros((num_envs,) + spec.obs_shape, spec.obs_dtype)  # parked envs' obs
-    self.held_valid = np.zeros(num_envs, bool)
-    self.n_idle = self.n_parked = 0
-    self.in_pool = num_envs  # stepping in EnvPool (sent, not yet received)
-    self.next_emit, self.open_upto = 0, 0  # rollouts [next_emit, open_upto] are being made
-
-  def received(self, ids: np.ndarray, timers: ActorTimers) -> tuple[np.ndarray, Any]:
-    """The time index of each received obs, and which envs' previous step was recorded (None:
-    all). An env back from an idle step starts its rollout again from this obs."""
-    if not self.n_idle:
-      n = self.counts[ids]
-      self.counts[ids] = n + 1
-      return n, None
-    back = self.idle[ids]
-    n = self.counts[ids] - back
-    self.counts[ids] = n + 1
-    self.idle[ids] = False
-    returned = int(back.sum())
-    self.n_idle -= returned
-    timers.idle_env_steps += returned
-    return n, ~back
-
-  def park(self, ids: np.ndarray, obs: np.ndarray, valid: np.ndarray) -> None:
-    self.held_obs[ids], self.held_valid[ids] = obs, valid
-    self.parked[ids] = True
-    self.n_parked = int(self.parked.sum())
-
-  def release_parked(self) -> np.ndarray:
-    released = np.flatnonzero(self.parked)
-    self.parked[:] = False
-    self.n_parked = 0
-    return released
-
-  def step_idle(self, count: int) -> np.ndarray:
-    chosen = np.flatnonzero(self.parked)[:count]
-    self.parked[chosen], self.idle[chosen] = False, True
-    self.n_parked -= len(chosen)
-    self.n_idle += len(chosen)
-    return chosen
-
-
-def _write_observation(segments, new_segment, T, n, ids, obs, reward, terminated, truncated,
-                       recorded=None):
-  """Stores obs n of envs `ids`, and the results of their transition n - 1 (EnvPool returns
-  those with obs n). Obs n is also the bootstrap obs of the previous segment when n % T == 0.
-  `recorded` (None: all) marks the envs whose previous step was recorded: the others come back
-  from an idle step, whose obs only replaces their rollout's first one."""
-  has_prev = n >= 1 if recorded is None else (n >= 1) & recorded
-  for k, sel in _by_segment(n[has_prev] - 1, T):
-    rows, cols = (n[has_prev][sel] - 1) % T, ids[has_prev][sel]
-    seg = segments[k]
-    seg.rewards[rows, cols] = reward[has_prev][sel]
-    seg.terminated[rows, cols] = terminated[has_prev][sel]
-    seg.truncated[rows, cols] = truncated[has_prev][sel]
-  for k, sel in _by_segment(n, T):
-    seg = segments[k] if k in segments else segments.setdefault(k, new_segment())
-    rows, cols = n[sel] % T, ids[sel]
-    seg.obs[rows, cols] = obs[sel]
-    boundary = (rows == 0) & (k > 0)
-    if recorded is not None:
-      boundary &= recorded[sel]
-    if boundary.any():
-      segments[k - 1].obs[T, cols[boundary]] = obs[sel][boundary]
-
-
-def _write_action(segments, T, n, ids, action, valid, extras, version):
-  for k, sel in _by_segment(n, T):
-    seg, rows, cols = segments[k], n[sel] % T, ids[sel]
-    seg.actions[rows, cols] = action[sel]
-    seg.valid[rows, cols] = valid[sel]
-    for name, value in extras.items():
-      seg.extras[name][rows, cols] = value[sel]
-    seg.version = version if seg.version is None else min(seg.version, version)
-
-
-def _by_segment(times: np.ndarray, T: int):
-  """Yields (segment k, boolean selector) for the distinct segments `times` fall in."""
-  if len(times) == 0:
-    return
-  ks = times // T
-  first = ks[0]
-  if ks[-1] == first and (ks == first).all():  # the common case, and always so in sync mode
-    yield int(first), slice(None)
-    return
-  for k in np.unique(ks):
-    yield int(k), ks == k

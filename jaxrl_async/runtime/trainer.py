@@ -27,12 +27,13 @@ from jaxrl_async.checkpoint import Checkpointer, check_compatible
 from jaxrl_async.config import ConfigError, TrainConfig
 from jaxrl_async.loggers import make_logger
 from jaxrl_async.metrics import EpisodeStats, MetricsWriter, wall_s
-from jaxrl_async.runtime.actor import Actor, compile_policy_step
+from jaxrl_async.runtime.actor import Actor
 from jaxrl_async.runtime.balance import ActorGate, Balancer
 from jaxrl_async.runtime.executables import ExecutableCache
 from jaxrl_async.runtime.learner import Learner
 from jaxrl_async.runtime.monitor import Monitor
 from jaxrl_async.runtime.params import ParamStore
+from jaxrl_async.runtime.policy_step import compile_policy_step
 from jaxrl_async.runtime.queue import RolloutQueue
 from jaxrl_async.runtime.rate import RateController
 from jaxrl_async.runtime.sharding import LEARNER_AXIS, learner_mesh, replicated

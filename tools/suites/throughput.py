@@ -190,7 +190,7 @@ class _Parts:
   def policy_step(self) -> Any:
     """The actors' policy step, compiled ahead of time as the trainer does, so no compilation
     falls into a measured window."""
-    from jaxrl_async.runtime.actor import compile_policy_step
+    from jaxrl_async.runtime.policy_step import compile_policy_step
 
     return compile_policy_step(self.algo.make_policy(0), self.algo.actor_params(self.state),
                                self.spec, self.config.env.batch_size, self.device)
