@@ -1,8 +1,14 @@
-"""The --logger sinks: TensorBoard event files decode to what was written; wandb is driven
-through its public calls; bad kinds fail with a message that names --logger."""
+"""The --logger sinks: TensorBoard event files (written by tensorboardX) read back, through an
+independent TFRecord reader and tensorboardX's `Event` protos, to what was written; wandb is
+driven through its public calls; bad kinds fail with a message that names --logger."""
 
+import os
+import re
+import socket
 import struct
+import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -11,68 +17,45 @@ from jaxrl_async import loggers
 from jaxrl_async.config import ConfigError
 
 
-def read_records(path):
-  """TFRecord framing, with both CRCs checked."""
+def crc32c(data):
+  """CRC-32C (Castagnoli), bitwise: independent of the writer's own table."""
+  crc = 0xFFFFFFFF
+  for b in data:
+    crc ^= b
+    for _ in range(8):
+      crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+  return crc ^ 0xFFFFFFFF
+
+
+def masked_crc32c(data):
+  crc = crc32c(data)
+  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def read_events(path):
+  """The file's TFRecords (length, masked CRC, data, masked CRC; both CRCs checked), each parsed
+  as a tensorboardX `Event`."""
+  from tensorboardX.proto.event_pb2 import Event
+
   data, i, out = path.read_bytes(), 0, []
   while i < len(data):
     (n,) = struct.unpack("<Q", data[i:i + 8])
-    assert struct.unpack("<I", data[i + 8:i + 12])[0] == loggers.masked_crc32c(data[i:i + 8])
+    assert struct.unpack("<I", data[i + 8:i + 12])[0] == masked_crc32c(data[i:i + 8])
     body = data[i + 12:i + 12 + n]
-    assert struct.unpack("<I", data[i + 12 + n:i + 16 + n])[0] == loggers.masked_crc32c(body)
-    out.append(body)
+    assert struct.unpack("<I", data[i + 12 + n:i + 16 + n])[0] == masked_crc32c(body)
+    out.append(Event.FromString(body))
     i += 16 + n
   assert i == len(data)
   return out
 
 
-def fields(buf):
-  """A protobuf message as [(field number, value)]: ints, bytes, or raw 4/8-byte numbers."""
-  out, i = [], 0
-
-  def varint():
-    nonlocal i
-    n = shift = 0
-    while True:
-      b = buf[i]
-      i += 1
-      n |= (b & 0x7F) << shift
-      shift += 7
-      if not b & 0x80:
-        return n
-
-  while i < len(buf):
-    key = varint()
-    number, wire = key >> 3, key & 7
-    if wire == 0:
-      out.append((number, varint()))
-    elif wire == 1:
-      out.append((number, struct.unpack("<d", buf[i:i + 8])[0]))
-      i += 8
-    elif wire == 5:
-      out.append((number, struct.unpack("<f", buf[i:i + 4])[0]))
-      i += 4
-    elif wire == 2:
-      n = varint()
-      out.append((number, buf[i:i + n]))
-      i += n
-    else:
-      raise AssertionError(f"unexpected wire type {wire}")
-  return out
-
-
-def summary_values(event):
-  """{tag: Summary.Value fields} of an Event."""
-  values = {}
-  for number, summary in fields(event):
-    if number == 5:
-      for _, value in fields(summary):
-        f = fields(value)
-        values[dict(f)[1].decode()] = f
-  return values
+def summary_values(events):
+  """{(tag, step): Summary.Value} over the events."""
+  return {(v.tag, e.step): v for e in events if e.HasField("summary") for v in e.summary.value}
 
 
 def test_crc32c_known_vector():
-  assert loggers.crc32c(b"123456789") == 0xE3069283  # the standard CRC-32C check value
+  assert crc32c(b"123456789") == 0xE3069283  # the standard CRC-32C check value
 
 
 def test_tensorboard_writes_scalars_histogram_and_config(tmp_path):
@@ -82,20 +65,54 @@ def test_tensorboard_writes_scalars_histogram_and_config(tmp_path):
   logger.write({"return_mean": float("nan"), "sps": 2000}, step=2000)
   logger.close()
   logger.close()  # idempotent
-  (path,) = list(tmp_path.glob("events.out.tfevents.*"))
-  events = [dict(fields(e)) for e in read_records(path)]
-  assert events[0][3] == b"brain.Event:2"
-  config = summary_values(read_records(path)[1])["config"]
-  assert b'"env_id": "CartPole-v1"' in dict(fields(dict(config)[8]))[8]
-  first = summary_values(read_records(path)[2])
-  assert events[2][2] == 1234
-  assert set(first) == {"return_mean", "sps", "solved", "lag_hist"}
-  assert dict(first["return_mean"])[2] == 12.5 and dict(first["solved"])[2] == 1.0
-  histo = fields(dict(first["lag_hist"])[5])
-  packed = {n: v for n, v in histo if n in (6, 7)}
-  assert struct.unpack("<3d", packed[7]) == (3.0, 0.0, 1.0)  # lags 0, 1, 2
-  second = summary_values(read_records(path)[3])
-  assert set(second) == {"sps"} and events[3][2] == 2000  # nan is left out
+  (path,) = list(tmp_path.iterdir())
+  host = re.escape(socket.gethostname())
+  # Where the hand-written writer put it: events.out.tfevents.<time>.<host>.<pid> in run_dir.
+  pattern = rf"events\.out\.tfevents\.\d{{10}}\.{host}\.{os.getpid()}"
+  assert re.fullmatch(pattern, path.name), path.name
+  events = read_events(path)
+  assert events[0].file_version == "brain.Event:2"
+  values = summary_values(events)
+  config = values.pop(("config/text_summary", 0))
+  assert config.metadata.plugin_data.plugin_name == "text"
+  (text,) = config.tensor.string_val
+  assert text.startswith(b"```\n") and b'"env_id": "CartPole-v1"' in text and b'"seed": 3' in text
+  histo = values.pop(("lag_hist", 1234)).histo
+  assert list(histo.bucket) == [3.0, 0.0, 1.0]  # lags 0, 1, 2
+  assert list(histo.bucket_limit) == [0.5, 1.5, 2.5]
+  assert (histo.min, histo.max, histo.num, histo.sum, histo.sum_squares) == (0, 2, 4, 2, 4)
+  # Every finite number, bools as 0/1; None, strings and the nan return are left out.
+  assert {key: v.simple_value for key, v in values.items()} == {
+      ("return_mean", 1234): 12.5, ("sps", 1234): 1000.0, ("solved", 1234): 1.0,
+      ("sps", 2000): 2000.0}
+
+
+def test_tensorboard_record_reaches_disk_before_close(tmp_path):
+  """A live TensorBoard sees a record within seconds, not at close."""
+  logger = loggers.make_logger("tensorboard", tmp_path, {})
+  logger.write({"sps": 7}, step=5)
+  (path,) = list(tmp_path.iterdir())
+  deadline = time.monotonic() + 10
+  while ("sps", 5) not in summary_values(read_events(path)) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  seen = ("sps", 5) in summary_values(read_events(path))
+  logger.close()
+  assert seen
+
+
+def test_none_never_imports_tensorboardx(tmp_path):
+  code = ("import sys; from jaxrl_async import loggers; "
+          f"loggers.make_logger('none', {str(tmp_path)!r}, {{}}).close(); "
+          "print(sorted(m for m in sys.modules if m.startswith('tensorboardX')))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "[]"
+
+
+def test_tensorboardx_missing_is_a_clear_error(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, "tensorboardX", None)  # find_spec answers None
+  with pytest.raises(ConfigError, match=r"--logger='tensorboard'.*pip install tensorboardX"):
+    loggers.make_logger("tensorboard", tmp_path, {})
+  assert list(tmp_path.iterdir()) == []
 
 
 def test_none_discards(tmp_path):
