@@ -83,7 +83,7 @@ def make_learner(config, version: int) -> Learner:
 def take_batch(learner: Learner, behaviour_versions) -> tuple[Rollout, ...]:
   mesh = learner.mesh
   for i, v in enumerate(behaviour_versions):
-    learner.queue.put((put_batch(random_rollout(i), mesh), RolloutInfo(0, i, v, T * B, 0.0)), 1.0)
+    learner.queue.put((put_batch(random_rollout(i), mesh), RolloutInfo(0, i, v, T * B, 0.0)))
   batch, tickets = learner._next_batch()
   assert tickets == list(range(len(behaviour_versions)))
   return batch

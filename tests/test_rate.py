@@ -7,7 +7,7 @@ import time
 import pytest
 
 from jaxrl_async.config import RateConfig
-from jaxrl_async.runtime.queue import QueueClosed, RolloutInfo, RolloutQueue
+from jaxrl_async.runtime.queue import QueueClosed, QueueOverflow, RolloutInfo, RolloutQueue
 from jaxrl_async.runtime.rate import RateController
 
 
@@ -33,9 +33,7 @@ def simulate(K: int, U: int, actors: int, updates: int, seed: int, async_overflo
         if async_overflow and r.random() < 0.2:
           version = max(0, version - 1)  # some steps acted with the previous params
         time.sleep(delays[i] * r.random() * 2)
-        while not queue.put(({"v": version}, RolloutInfo(i, ticket, version, 1, 0.0)), 0.05):
-          if stop.is_set():
-            return
+        queue.put(({"v": version}, RolloutInfo(i, ticket, version, 1, 0.0)))
     except QueueClosed:
       pass
 
@@ -93,12 +91,14 @@ def test_k0_is_synchronous():
   assert set(lags) == {0}
 
 
-def test_queue_bound_timeout_and_close_wakes_waiters():
+def test_queue_bound_is_an_invariant_and_close_wakes_waiters():
   q = RolloutQueue(2)
-  assert q.put(1, 0.01) and q.put(2, 0.01)
-  assert not q.put(3, 0.01)  # full: times out, never exceeds the bound
+  q.put(1)
+  q.put(2)
+  with pytest.raises(QueueOverflow, match="more rollouts than tickets"):
+    q.put(3)  # full: a rollout without a ticket, never a wait
   assert len(q) == 2 and q.max_depth == 2
-  assert q.get(0.01) == 1
+  assert q.get(0.01) == 1 and q.get(0.01) == 2 and q.get(0.01) is None
   q2 = RolloutQueue(1)
   got = []
 

@@ -74,7 +74,7 @@ class ActorTimers:
   d2h_s: float = 0.0
   env_send_s: float = 0.0
   write_s: float = 0.0
-  put_s: float = 0.0
+  put_s: float = 0.0  # placing finished rollouts on the learner devices and queueing them
   permit_s: float = 0.0
   paused_s: float = 0.0  # held back by the balancer (not counted as blocked)
   param_fetch_s: float = 0.0
@@ -158,19 +158,16 @@ class Actor:
     self.timers.param_fetch_s += time.perf_counter() - t0
     return params, version
 
-  def _emit(self, seg: RolloutSegment, k: int) -> bool:
+  def _emit(self, seg: RolloutSegment, k: int) -> None:
     t0 = time.perf_counter()
     batch = put_batch(seg.rollout(), self.mesh)
-    ticket = self._tickets[k]
-    info = RolloutInfo(self.global_index, ticket, int(seg.version), self.T * self.E, time.time())
-    while not self.stop.is_set():
-      if self.queue.put((batch, info), _WAKE_S):
-        del self._tickets[k]  # the permit now travels with the rollout
-        self.timers.put_s += time.perf_counter() - t0
-        self.timers.rollouts += 1
-        self._steps_since_emit = 0
-        return True
-    return False
+    info = RolloutInfo(self.global_index, self._tickets[k], int(seg.version), self.T * self.E,
+                       time.time())
+    self.queue.put((batch, info))
+    del self._tickets[k]  # the permit now travels with the rollout
+    self.timers.put_s += time.perf_counter() - t0
+    self.timers.rollouts += 1
+    self._steps_since_emit = 0
 
   # -- the policy -----------------------------------------------------------------------------
 
@@ -280,8 +277,7 @@ class Actor:
 
       # Emit every rollout that all envs have finished.
       while st.counts.min() > (st.next_emit + 1) * T:
-        if not self._emit(segments.pop(st.next_emit), st.next_emit):
-          return
+        self._emit(segments.pop(st.next_emit), st.next_emit)
         st.next_emit += 1
 
       if not st.n_parked and n.max() < (st.open_upto + 1) * T:

@@ -69,7 +69,8 @@ class Monitor:
         "permit_s": sum(a.timers.permit_s for a in self.actors),
         "idle_env_steps": sum(a.timers.idle_env_steps for a in self.actors),
         "parked_env_waits": sum(a.timers.parked_env_waits for a in self.actors),
-        "queue_put_s": self.queue.put_wait_s,
+        # Placing rollouts on the learner devices and queueing them (a put never waits).
+        "queue_put_s": sum(a.timers.put_s for a in self.actors),
         "queue_get_s": self.queue.get_wait_s,
     }
     if self.learner.last_metrics is not None:

@@ -13,6 +13,10 @@ class QueueClosed(Exception):
   """Raised by put/get once the queue is closed (shutdown)."""
 
 
+class QueueOverflow(RuntimeError):
+  """A put beyond the bound: a rollout was made without a ticket."""
+
+
 @dataclasses.dataclass
 class RolloutInfo:
   """Host-side facts about a rollout; the arrays themselves are already on the learner devices."""
@@ -27,8 +31,9 @@ class RolloutInfo:
 class RolloutQueue:
   """Bounded FIFO. Any consumer takes the oldest item, whichever actor made it.
 
-  Every blocking call takes a timeout and returns (None / False) when it expires, so callers
-  can look at their shutdown flag; `close()` wakes all waiters, which then raise QueueClosed.
+  `get` takes a timeout and returns None when it expires, so the consumer can look at its
+  shutdown flag; `close()` wakes it, and it then raises QueueClosed. `put` never waits (see
+  there).
   """
 
   def __init__(self, capacity: int):
@@ -39,22 +44,21 @@ class RolloutQueue:
     self._cond = threading.Condition()
     self._closed = False
     self.max_depth = 0
-    self.put_wait_s = 0.0
     self.get_wait_s = 0.0
 
-  def put(self, item: Any, timeout: float) -> bool:
-    t0 = time.perf_counter()
+  def put(self, item: Any) -> None:
+    """Appends at once. The bound is an invariant, not a wait: every rollout holds a ticket
+    until it is consumed, and the rate controller grants at most `max_in_flight` <= capacity
+    tickets, so a full queue means a rollout without a ticket, which is a bug, not back-pressure.
+    """
     with self._cond:
-      ok = self._cond.wait_for(lambda: self._closed or len(self._items) < self.capacity, timeout)
-      self.put_wait_s += time.perf_counter() - t0
       if self._closed:
         raise QueueClosed
-      if not ok:
-        return False
+      if len(self._items) >= self.capacity:
+        raise QueueOverflow(f"rollout queue full ({self.capacity}): more rollouts than tickets")
       self._items.append(item)
       self.max_depth = max(self.max_depth, len(self._items))
       self._cond.notify_all()
-      return True
 
   def get(self, timeout: float) -> Any | None:
     t0 = time.perf_counter()
