@@ -9,16 +9,19 @@
 
 Every setting is a flag (help text from `jaxrl_async.decentralized.config`). Runs until every
 node's relative error is below --tol or a budget is spent, prints progress, and writes
-metrics.jsonl, summary.json and two PNGs to --run_dir. Bad input exits with status 2 and one
-line naming the flag, before anything starts; divergence exits 1 naming the step-size flags.
+metrics.jsonl, summary.json and two PNGs to --run_dir (default
+runs/policy_evaluation-<data>-<runtime>-<mode>-N<nodes>-<seed>, with -2, -3, ... appended while
+that name is in use; an explicit --run_dir that holds a run's results is refused unless
+--overwrite). Bad input exits with status 2 and one line naming the flag, before anything starts;
+divergence exits 1 naming the step-size flags.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
-from pathlib import Path
 
 from absl import app, flags
 
@@ -28,6 +31,8 @@ from jaxrl_async.decentralized.graphs import GraphError
 from jaxrl_async.decentralized.problem import ProblemError
 
 _QUIET = flags.DEFINE_bool("quiet", False, "No progress lines on the console.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace the results in an explicit --run_dir "
+                               "that already holds a run's summary.json or metrics.jsonl.")
 _DEFINERS = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
              str: flags.DEFINE_string}
 _CONFIG_FLAGS = {
@@ -37,11 +42,7 @@ _CONFIG_FLAGS = {
 
 
 def resolve_config() -> PolicyEvalConfig:
-  config = PolicyEvalConfig(**{name: holder.value for name, holder in _CONFIG_FLAGS.items()})
-  if not config.run_dir:
-    name = f"policy_evaluation-{config.data}-{config.mode}-N{config.nodes}-{config.seed}"
-    config = PolicyEvalConfig(**{**config.to_dict(), "run_dir": str(Path("runs") / name)})
-  return config
+  return PolicyEvalConfig(**{name: holder.value for name, holder in _CONFIG_FLAGS.items()})
 
 
 def progress_printer(quiet: bool, clock: str):
@@ -66,6 +67,7 @@ def main(argv: list[str]) -> int:
     config = resolve_config()
     from jaxrl_async.decentralized import experiment
 
+    experiment.check_run_dir(config, _OVERWRITE.value)
     graph = experiment.make_graph(config)
     problem = experiment.make_problem(config)
   except (ConfigError, GraphError, ProblemError) as e:
@@ -74,8 +76,8 @@ def main(argv: list[str]) -> int:
   del graph  # built only to refuse a bad topology before anything starts
   from jaxrl_async.decentralized.simulator import DivergenceError
 
-  run_dir = Path(config.run_dir)
-  run_dir.mkdir(parents=True, exist_ok=True)
+  run_dir = experiment.claim_run_dir(config)
+  config = dataclasses.replace(config, run_dir=str(run_dir))
   clock = "wall_s" if config.runtime == "processes" else "virtual_time"
   print(f"policy_evaluation: {problem.name}, {config.topology} graph, mode={config.mode}, "
         f"runtime={config.runtime}, N={config.nodes}, alpha={config.alpha}, "

@@ -91,7 +91,9 @@ class PolicyEvalConfig:
   max_wall_s: float = _f(300.0, "Budget: wall-clock seconds of the run itself.")
   seed: int = _f(0, "Seed of the data, graph, sampling and simulated timing.")
   run_dir: str = _f("", "Where metrics.jsonl, summary.json and the plots go; empty: "
-                    "runs/policy_evaluation-<data>-<mode>-N<nodes>-<seed>.")
+                    "runs/policy_evaluation-<data>-<runtime>-<mode>-N<nodes>-<seed>, with -2, "
+                    "-3, ... appended while that name is in use. A given one that holds a "
+                    "run's results is refused unless --overwrite.")
 
   def __post_init__(self):
     for name in ("nodes", "out_degree", "samples", "states", "max_updates"):

@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxrl_async.decentralized import graphs
 from jaxrl_async.decentralized import problem as problem_lib
-from jaxrl_async.decentralized.config import PolicyEvalConfig
+from jaxrl_async.decentralized.config import ConfigError, PolicyEvalConfig
 from jaxrl_async.decentralized.schedule import Timing
 from jaxrl_async.decentralized.simulator import RunResult, fit_rate
 
@@ -61,6 +61,48 @@ def run(config: PolicyEvalConfig, problem: problem_lib.Problem | None = None,
                         config.beta, config.sampling, config.seed, pull_lag=config.pull_lag)
   return simulator.run(sim, config.tol, config.max_updates, config.max_time or math.inf,
                        config.max_wall_s, on_record=on_record)
+
+
+RESULT_FILES = ("summary.json", "metrics.jsonl")
+
+
+def default_run_dir_name(config: PolicyEvalConfig) -> str:
+  return (f"policy_evaluation-{config.data}-{config.runtime}-{config.mode}-N{config.nodes}"
+          f"-{config.seed}")
+
+
+def check_run_dir(config: PolicyEvalConfig, overwrite: bool = False) -> None:
+  """Refuses (ConfigError naming --run_dir) an explicit --run_dir that holds a run's results,
+  unless `overwrite`. A default-named run dir is never refused: `claim_run_dir` moves past it."""
+  path = Path(config.run_dir) if config.run_dir else None
+  if path is None or overwrite:
+    return
+  held = [name for name in RESULT_FILES if (path / name).exists()]
+  if held:
+    raise ConfigError("run_dir", str(path), f"already holds a run's {held[0]}; give another "
+                      "--run_dir, or --overwrite to replace that run's results")
+
+
+def claim_run_dir(config: PolicyEvalConfig, root: Path = Path("runs")) -> Path:
+  """Creates and returns the run's directory: --run_dir when given, else
+  ROOT/policy_evaluation-<data>-<runtime>-<mode>-N<nodes>-<seed>, with -2, -3, ... appended
+  while that name is in use (a non-empty directory), so the same command run again, or one that
+  differs only in a flag outside the name, starts a new run instead of overwriting one."""
+  if config.run_dir:
+    path = Path(config.run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+  base = root / default_run_dir_name(config)
+  path, n = base, 1
+  while True:
+    try:
+      path.mkdir(parents=True)  # atomic: two runs started together cannot both take one name
+      return path
+    except FileExistsError:
+      if path.is_dir() and not any(path.iterdir()):
+        return path  # an empty folder, as a run interrupted before its first record leaves
+    n += 1
+    path = base.with_name(f"{base.name}-{n}")
 
 
 def summary(config: PolicyEvalConfig, result: RunResult, problem: problem_lib.Problem
