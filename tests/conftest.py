@@ -21,16 +21,18 @@ def small_config(**overrides) -> TrainConfig:
   return TrainConfig.from_flat(values)
 
 
-def random_batch(T: int, B: int, rng: np.random.Generator) -> Rollout:
+def random_batch(T: int, B: int, rng: np.random.Generator, behaviour_version: int = 0
+                 ) -> Rollout:
   """A CartPole-shaped IMPALA/PPO batch of host arrays: random obs, rewards, episode ends and
-  behaviour log-probs, about 10% invalid steps."""
+  behaviour log-probs, about 10% invalid steps, acted with params `behaviour_version`."""
   return Rollout(
       obs=rng.normal(size=(T + 1, B, 4)).astype(np.float32),
       actions=rng.integers(0, 2, size=(T, B)).astype(np.int32),
       rewards=rng.normal(size=(T, B)).astype(np.float32),
       terminated=rng.random((T, B)) < 0.1, truncated=rng.random((T, B)) < 0.05,
       valid=rng.random((T, B)) > 0.1,
-      extras={"logp": np.log(rng.uniform(0.2, 0.8, size=(T, B))).astype(np.float32)})
+      extras={"logp": np.log(rng.uniform(0.2, 0.8, size=(T, B))).astype(np.float32)},
+      behaviour_version=np.full((1, B), behaviour_version, np.int32))
 
 
 @pytest.fixture

@@ -29,6 +29,8 @@ def one_update(config, devices, batch_host):
   algo = make_algorithm(config, spec, LEARNER_AXIS)
   mesh = learner_mesh(devices)
   state = replicate(jax.jit(algo.init)(jax.random.key(0)), mesh)
+  # At version 4, so the batch's behaviour versions 0..4 are lags 4..0.
+  state = state.replace(version=jax.device_put(np.int32(4), state.version.sharding))
   step = compile_update(config, spec, algo, mesh, state)
   new_state, metrics = step(state, (put_batch(batch_host, mesh),))
   return new_state, metrics
@@ -37,14 +39,13 @@ def one_update(config, devices, batch_host):
 def main(run_dir):
   assert jax.device_count() == 4, jax.devices()
   T, B = 8, 8
-  batch = random_batch(T, B, np.random.default_rng(0))
-  # Lag weights differ per env column, so each device's shard must carry its own columns'.
-  weights = np.random.default_rng(1).uniform(0.0, 1.0, (1, B)).astype(np.float32)
+  # Behaviour versions (so lags and lag weights) differ per env column, so each device's shard
+  # must carry its own columns'.
+  batch = random_batch(T, B, np.random.default_rng(0)).replace(
+      behaviour_version=np.random.default_rng(1).integers(0, 5, (1, B)).astype(np.int32))
   for extra in ({}, {"normalize_advantages": True},
                 {"normalize_advantages": True, "lag_weighting": "inverse"}):
     config = small_config(num_envs=B, rollout_len=T, learner_devices=4, **extra)
-    if "lag_weighting" in extra:
-      batch = batch.replace(weights=weights)
     single, m1 = one_update(config, jax.devices()[:1], batch)
     sharded, m4 = one_update(config, jax.devices(), batch)
     check_replicated(sharded.params)

@@ -1,6 +1,7 @@
-"""`--lag_weighting`: each rollout's loss terms count w(lag) times. The learner attaches the
-weights from the lags it admits; at lag 0 the update is the unweighted one, bit for bit; a
-rollout of weight 0 contributes nothing; bad values exit 2 with one line."""
+"""`--lag_weighting`: each rollout's loss terms count w(lag) times. The actor stamps each
+rollout's behaviour version, and the compiled update weighs it by its lag at that update; at
+lag 0 the update is the unweighted one, bit for bit; a rollout of weight 0 contributes nothing;
+bad values exit 2 with one line."""
 
 import functools
 import math
@@ -17,15 +18,21 @@ import pytest
 
 from jaxrl_async import envs
 from jaxrl_async.algos import make_algorithm
-from jaxrl_async.algos.base import Rollout
+from jaxrl_async.algos.base import Rollout, concat_rollouts, lag_weight
 from jaxrl_async.algos.impala import vtrace_loss
 from jaxrl_async.config import ConfigError
 from jaxrl_async.networks import ActorCritic
-from jaxrl_async.runtime.learner import Learner, compile_update
+from jaxrl_async.runtime.learner import Learner, skip_nonfinite
 from jaxrl_async.runtime.params import ParamStore
 from jaxrl_async.runtime.queue import RolloutInfo, RolloutQueue
-from jaxrl_async.runtime.rate import RateController, lag_weight
-from jaxrl_async.runtime.sharding import LEARNER_AXIS, learner_mesh, put_batch, replicate
+from jaxrl_async.runtime.rate import RateController
+from jaxrl_async.runtime.sharding import (
+  LEARNER_AXIS,
+  data_parallel,
+  learner_mesh,
+  put_batch,
+  replicate,
+)
 from tests.conftest import random_batch, small_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,8 +44,8 @@ PPO = dict(IMPALA, algo="ppo", num_epochs=2, num_minibatches=2)
 ALGOS = pytest.mark.parametrize("algo", [IMPALA, APPO, PPO], ids=["impala", "appo", "ppo"])
 
 
-def random_rollout(seed: int) -> Rollout:
-  return random_batch(T, B, np.random.default_rng(seed))
+def random_rollout(seed: int, behaviour_version: int = 0) -> Rollout:
+  return random_batch(T, B, np.random.default_rng(seed), behaviour_version)
 
 
 def with_weight(rollout: Rollout, w: float) -> Rollout:
@@ -51,12 +58,17 @@ def _compiled(config):
   algo = make_algorithm(config, spec, LEARNER_AXIS)
   mesh = learner_mesh(jax.devices()[:1])
   state = replicate(jax.jit(algo.init)(jax.random.key(0)), mesh)
-  return compile_update(config, spec, algo, mesh, state), state, mesh
+  # The learner's update, jitted rather than compiled ahead of time: batches with explicit
+  # weights (a pytree of another structure than the learner's) trace their own program.
+  step = data_parallel(skip_nonfinite(lambda s, rs: algo.update(s, concat_rollouts(rs))), mesh)
+  return step, state, mesh
 
 
-def update(config, rollouts) -> tuple[list[np.ndarray], dict]:
-  """New params (leaves) and metrics after one compiled learner update from a fixed init."""
+def update(config, rollouts, version: int = 0) -> tuple[list[np.ndarray], dict]:
+  """New params (leaves) and metrics after one compiled learner update from a fixed init whose
+  version counter reads `version`."""
   step, state, mesh = _compiled(config)
+  state = state.replace(version=jax.device_put(np.int32(version), state.version.sharding))
   new, metrics = step(state, tuple(put_batch(r, mesh) for r in rollouts))
   return jax.tree.leaves(jax.device_get(new.params)), jax.device_get(metrics)
 
@@ -67,11 +79,10 @@ def assert_same(a, b):
 
 
 def test_lag_weight_schemes():
-  cfg = lambda **kw: small_config(**kw).rate
-  assert lag_weight(cfg(), 5) == 1.0
-  assert [lag_weight(cfg(lag_weighting="inverse"), k) for k in (0, 1, 3)] == [1.0, 0.5, 0.25]
-  exp = cfg(lag_weighting="exp", lag_weighting_tau=2.0)
-  assert lag_weight(exp, 0) == 1.0 and lag_weight(exp, 4) == pytest.approx(math.exp(-2.0))
+  w = lambda lags, scheme, tau=2.0: np.asarray(lag_weight(np.asarray(lags), scheme, tau))
+  np.testing.assert_array_equal(w([0, 5], "off"), [1.0, 1.0])
+  np.testing.assert_array_equal(w([0, 1, 3], "inverse"), [1.0, 0.5, 0.25])
+  np.testing.assert_allclose(w([0, 4], "exp"), [1.0, math.exp(-2.0)], rtol=1e-6)
 
 
 def make_learner(config, version: int) -> Learner:
@@ -80,35 +91,36 @@ def make_learner(config, version: int) -> Learner:
                  RateController(config.rate, version), threading.Event(), lambda: 0.0)
 
 
-def take_batch(learner: Learner, behaviour_versions) -> tuple[Rollout, ...]:
+def test_the_learner_passes_rollouts_on_as_the_actors_stamped_them():
+  learner = make_learner(small_config(**IMPALA, lag_weighting="inverse"), version=3)
   mesh = learner.mesh
-  for i, v in enumerate(behaviour_versions):
-    learner.queue.put((put_batch(random_rollout(i), mesh), RolloutInfo(0, i, v, T * B, 0.0)))
+  for i, v in enumerate([3, 1]):
+    learner.queue.put((put_batch(random_rollout(i, v), mesh), RolloutInfo(0, i, v, T * B, 0.0)))
   batch, tickets = learner._next_batch()
-  assert tickets == list(range(len(behaviour_versions)))
-  return batch
+  assert tickets == [0, 1]
+  assert all(r.weights is None for r in batch)  # weights are the compiled update's business
+  np.testing.assert_array_equal(np.asarray(batch[1].behaviour_version), np.ones((1, B)))
 
 
-def test_learner_weights_each_rollout_by_its_lag_and_places_them_like_the_batch():
-  config = small_config(**IMPALA, lag_weighting="inverse")
-  learner = make_learner(config, version=3)
-  batch = take_batch(learner, [3, 1])  # lags 0 and 2
-  np.testing.assert_array_equal(np.asarray(batch[0].weights), np.ones((1, B), np.float32))
-  np.testing.assert_allclose(np.asarray(batch[1].weights), np.full((1, B), 1 / 3), rtol=1e-7)
-  assert batch[1].weights.sharding == batch[1].rewards.sharding
-  # Without weighting the batch carries none: the compiled update is the unweighted one.
-  off = make_learner(small_config(**IMPALA), version=3)
-  assert all(r.weights is None for r in take_batch(off, [3, 1]))
+@ALGOS
+def test_the_update_weighs_each_rollout_by_its_lag(algo):
+  config = small_config(**algo, lag_weighting="inverse")
+  a, b = random_rollout(0, behaviour_version=3), random_rollout(1, behaviour_version=1)
+  at_3, _ = update(config, (a, b), version=3)  # lags 0 and 2: weights 1 and 1/3
+  explicit, _ = update(config, (with_weight(a, 1.0), with_weight(b, 1 / 3)), version=3)
+  for x, y in zip(at_3, explicit, strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-8)
+  at_1, _ = update(config, (a, b), version=1)  # "lags" of -2 and 0: a different update
+  assert not np.allclose(at_3[0], at_1[0])
 
 
 @ALGOS
 @pytest.mark.parametrize("scheme", ["inverse", "exp"])
 def test_all_lags_zero_equals_the_unweighted_update_exactly(algo, scheme):
   weighted = small_config(**algo, lag_weighting=scheme)
-  batch = take_batch(make_learner(weighted, version=2), [2, 2])  # what the learner attaches
-  plain = tuple(r.replace(weights=None) for r in batch)
-  p1, m1 = update(weighted, batch)
-  p0, m0 = update(small_config(**algo), plain)
+  batch = (random_rollout(0, behaviour_version=2), random_rollout(1, behaviour_version=2))
+  p1, m1 = update(weighted, batch, version=2)
+  p0, m0 = update(small_config(**algo), batch, version=2)
   assert_same(p1, p0)
   assert m1["pg_loss"] == m0["pg_loss"] and m1["value_loss"] == m0["value_loss"]
 

@@ -35,7 +35,9 @@ class Rollout:
   episode by a time limit (bootstrap from it, but cut the trace there); valid [T, B]: transition
   t is real (false for EnvPool's reset step after an episode end); extras: per-step arrays
   [T, B, ...] the behaviour policy recorded (e.g. "logp"); weights [1, B] float32 or None: how
-  much each env column's loss terms count (the learner's `--lag_weighting`); None counts all 1.
+  much each env column's loss terms count, None counting all 1 (the update fills them from the
+  lags with `--lag_weighting`, `with_lag_weights`); behaviour_version [1, B] int32 or None: the
+  params version each column was acted with, stamped by the actor.
   """
 
   obs: Array
@@ -46,6 +48,7 @@ class Rollout:
   valid: Array
   extras: dict[str, Array]
   weights: Array | None = None
+  behaviour_version: Array | None = None
 
 
 class Algorithm(NamedTuple):
@@ -100,12 +103,38 @@ def global_mean(x: Array, mask: Array, axis_name: str) -> Array:
   return jax.lax.psum((x * mask).sum(), axis_name) / jnp.maximum(count, 1.0)
 
 
+def lag_weight(lag: Array, scheme: str, tau: float) -> Array:
+  """The loss weight of a rollout learned at policy lag `lag` (`--lag_weighting`); 1 at lag 0.
+
+  Unnormalised on purpose: Adam divides each step by the RMS of recent gradients, so a steady
+  down-weighting does not shrink the step size; what remains is how much a stale batch counts
+  against fresher ones. Normalising over the update's rollouts would instead make the weights all
+  1 whenever they share a lag, as every update with --rollouts_per_update=1 does.
+  """
+  lag = jnp.asarray(lag, jnp.float32)
+  if scheme == "inverse":
+    return 1.0 / (1.0 + lag)
+  if scheme == "exp":
+    return jnp.exp(-lag / tau)
+  return jnp.ones_like(lag)
+
+
+def with_lag_weights(batch: Rollout, version: Array, scheme: str, tau: float) -> Rollout:
+  """`batch` with each column's weight from its lag at this update (`version` - its behaviour
+  version), inside the compiled update. Off, or weights already given, it is `batch` itself."""
+  if scheme == "off" or batch.weights is not None:
+    return batch
+  if batch.behaviour_version is None:
+    raise ValueError("lag weighting needs the rollouts' behaviour_version")
+  return batch.replace(weights=lag_weight(version - batch.behaviour_version, scheme, tau))
+
+
 def loss_weights(weights: Array | None, mask: Array) -> Array:
   """`mask` [T, B] times the per-column `weights` [1, B] (lag weighting), or `mask` if None.
 
   Loss terms are averaged over this but still divided by the *valid count*, not by the weights'
   sum, so a down-weighted rollout counts less in absolute terms, not only relative to the
-  others in its batch (see `runtime.rate.lag_weight`). Advantage statistics use it too, so a
+  others in its batch (see `lag_weight`). Advantage statistics use it too, so a
   rollout of weight 0 has no influence at all.
   """
   return mask if weights is None else mask * weights

@@ -26,6 +26,7 @@ from jaxrl_async.algos.base import (
   loss_weights,
   minibatch_epochs,
   psum_flat,
+  with_lag_weights,
 )
 from jaxrl_async.algos.ppo import clipped_surrogate
 from jaxrl_async.config import TrainConfig
@@ -142,7 +143,10 @@ def make_impala(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), metrics
 
+  lag_weighting, lag_tau = config.rate.lag_weighting, config.rate.lag_weighting_tau
+
   def update(state: ImpalaState, batch: Rollout) -> tuple[ImpalaState, Metrics]:
+    batch = with_lag_weights(batch, state.version, lag_weighting, lag_tau)
     key, epoch_key = jax.random.split(state.key)
     (params, opt_state), metrics = minibatch_epochs(
         epoch_key, batch, cfg.num_epochs, cfg.num_minibatches, sgd_step,

@@ -47,6 +47,7 @@ from jaxrl_async.algos.base import (
   global_mean,
   loss_weights,
   psum_flat,
+  with_lag_weights,
 )
 from jaxrl_async.config import ConfigError, TrainConfig
 from jaxrl_async.envs import EnvSpec
@@ -287,7 +288,10 @@ def make_ppo(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm:
     obs_norm = obs_norm_init(spec.obs_shape) if cfg.normalize_obs else None
     return PPOState(params, optimizer.init(params), key, jnp.zeros((), jnp.int32), obs_norm)
 
+  lag_weighting, lag_tau = config.rate.lag_weighting, config.rate.lag_weighting_tau
+
   def update(state: PPOState, batch: Rollout) -> tuple[PPOState, Metrics]:
+    batch = with_lag_weights(batch, state.version, lag_weighting, lag_tau)
     # Advantages and value targets once per batch, with the params the epochs start from.
     _, values = net.apply(state.params, normalize(state.obs_norm, batch.obs))  # [T+1, B]
     adv = gae_advantages(values, batch.rewards * cfg.reward_scale, batch.terminated,

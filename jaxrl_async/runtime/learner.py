@@ -24,7 +24,7 @@ from jaxrl_async.config import TrainConfig
 from jaxrl_async.envs import EnvSpec
 from jaxrl_async.runtime.params import ParamStore
 from jaxrl_async.runtime.queue import QueueClosed, RolloutQueue
-from jaxrl_async.runtime.rate import RateController, lag_weight
+from jaxrl_async.runtime.rate import RateController
 from jaxrl_async.runtime.sharding import batch_sharding, data_parallel
 
 _WAKE_S = 0.1
@@ -46,15 +46,13 @@ def batch_shapes(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any
   T, E = config.actor.rollout_len, config.env.num_envs
   sharding = batch_sharding(mesh)
   s = lambda shape, dtype: jax.ShapeDtypeStruct(shape, np.dtype(dtype), sharding=sharding)
-  # Without lag weighting the batch has no weights at all: the update is the unweighted one.
-  weighted = config.rate.lag_weighting != "off"
   one = Rollout(
       obs=s((T + 1, E) + spec.obs_shape, spec.obs_dtype),
       actions=s((T, E) + spec.action_shape, spec.action_dtype),
       rewards=s((T, E), np.float32), terminated=s((T, E), bool), truncated=s((T, E), bool),
       valid=s((T, E), bool),
       extras={k: s((T, E) + shape, dtype) for k, (shape, dtype) in algo.extras_spec.items()},
-      weights=s((1, E), np.float32) if weighted else None)
+      behaviour_version=s((1, E), np.int32))
   return (one,) * config.rate.rollouts_per_update
 
 
@@ -130,8 +128,6 @@ class Learner:
     self.nonfinite_skipped = 0
     self._nonfinite_run = 0
     self._pending_flag: Any = None
-    self._weighted = config.rate.lag_weighting != "off"
-    self._weight_arrays: dict[tuple[int, Any], Any] = {}
 
   def _compile(self) -> None:
     if self.step_fn is None:
@@ -158,25 +154,10 @@ class Learner:
         continue
       rollout, info = item
       if self.controller.admit(info.ticket, info.behaviour_version):
-        if self._weighted:
-          rollout = rollout.replace(
-              weights=self._lag_weights(self.version - info.behaviour_version, rollout))
         batch.append(rollout)
         tickets.append(info.ticket)
     self.timers.idle_s += time.perf_counter() - t0
     return tuple(batch), tickets
-
-  def _lag_weights(self, lag: int, like: Rollout) -> Any:
-    """The [1, B] weights of a rollout learned at `lag`, placed like its other arrays.
-
-    One device array per lag value, made once and reused: after the first few updates no
-    weight ever crosses to the device again.
-    """
-    key = (lag, like.rewards.sharding)
-    if key not in self._weight_arrays:
-      host = np.full((1, like.rewards.shape[1]), lag_weight(self.config.rate, lag), np.float32)
-      self._weight_arrays[key] = jax.device_put(host, like.rewards.sharding)
-    return self._weight_arrays[key]
 
   def _await_state(self) -> bool:
     while self._state_future is not None and not self.stop.is_set():

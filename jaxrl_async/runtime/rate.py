@@ -20,27 +20,11 @@ are *published*, so an actor woken by a release always sees the version it is en
 from __future__ import annotations
 
 import collections
-import math
 import threading
 import time
 from typing import Any
 
 from jaxrl_async.config import RateConfig
-
-
-def lag_weight(cfg: RateConfig, lag: int) -> float:
-  """The loss weight of a rollout learned at policy lag `lag` (`--lag_weighting`); 1 at lag 0.
-
-  Unnormalised on purpose: Adam divides each step by the RMS of recent gradients, so a steady
-  down-weighting does not shrink the step size; what remains is how much a stale batch counts
-  against fresher ones. Normalising over the update's rollouts would instead make the weights all
-  1 whenever they share a lag, as every update with --rollouts_per_update=1 does.
-  """
-  if cfg.lag_weighting == "inverse":
-    return 1.0 / (1.0 + lag)
-  if cfg.lag_weighting == "exp":
-    return math.exp(-lag / cfg.lag_weighting_tau)
-  return 1.0
 
 
 class RateController:

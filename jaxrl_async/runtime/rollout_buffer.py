@@ -33,8 +33,10 @@ class RolloutSegment:
     self.version: int | None = None
 
   def rollout(self) -> Rollout:
+    version = host_buffer((1, self.obs.shape[1]), np.int32)
+    version[:] = self.version  # the oldest params version that acted in it
     return Rollout(self.obs, self.actions, self.rewards, self.terminated, self.truncated,
-                   self.valid, self.extras)
+                   self.valid, self.extras, behaviour_version=version)
 
 
 class EnvState:

@@ -354,7 +354,7 @@ def synthetic_batch(parts: _Parts, seed: int = 0) -> tuple[Any, ...]:
       extras["logp"][:] = -math.log(spec.num_actions)  # a uniform behaviour policy
     rollout = Rollout(obs, actions, rng.standard_normal((T, E)).astype(np.float32),
                       rng.random((T, E)) < 0.01, np.zeros((T, E), bool), np.ones((T, E), bool),
-                      extras, None if shape.weights is None else np.ones((1, E), np.float32))
+                      extras, behaviour_version=np.zeros((1, E), np.int32))
     out.append(put_batch(rollout, parts.mesh))
   return tuple(out)
 
