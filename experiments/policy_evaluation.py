@@ -4,6 +4,10 @@
     python -m experiments.policy_evaluation --mode=sync --stragglers=1
     python -m experiments.policy_evaluation --data=mountain_car --nodes=8 --max_wall_s=120
     python -m experiments.policy_evaluation --runtime=processes --nodes=2 --tol=1e-6
+    python -m experiments.policy_evaluation --runtime=processes --nodes=4 --tol=1e-6 \
+        --hosts=127.0.0.1,127.0.0.2,127.0.0.3:2           # nodes listen on these addresses
+    experiments/launch/policy_evaluation_hosts.py --via=ssh --hosts=10.0.0.2,10.0.0.3:2 \
+        --coordinator=10.0.0.1:5555 -- --tol=1e-6        # nodes on other machines
     python -m experiments.policy_evaluation --nodes=8 --samples=12800 --shards=80 \
         --stragglers=1 --allocation=speed --weights=speed --alpha=40 --tol=1e-6
 
@@ -59,6 +63,13 @@ def progress_printer(quiet: bool, clock: str):
   return show
 
 
+def _placement(config: PolicyEvalConfig) -> str:
+  if config.runtime != "processes":
+    return ""
+  where = f" on {config.hosts or '127.0.0.1'}"
+  return where + (f", coordinator {config.coordinator}" if config.coordinator else "")
+
+
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     print(f"policy_evaluation: unexpected arguments {argv[1:]}", file=sys.stderr)
@@ -68,6 +79,7 @@ def main(argv: list[str]) -> int:
     from jaxrl_async.decentralized import experiment
 
     experiment.check_run_dir(config, _OVERWRITE.value)
+    experiment.check_network(config)
     graph = experiment.make_graph(config)
     problem = experiment.make_problem(config)
   except (ConfigError, GraphError, ProblemError) as e:
@@ -80,7 +92,7 @@ def main(argv: list[str]) -> int:
   config = dataclasses.replace(config, run_dir=str(run_dir))
   clock = "wall_s" if config.runtime == "processes" else "virtual_time"
   print(f"policy_evaluation: {problem.name}, {config.topology} graph, mode={config.mode}, "
-        f"runtime={config.runtime}, N={config.nodes}, alpha={config.alpha}, "
+        f"runtime={config.runtime}{_placement(config)}, N={config.nodes}, alpha={config.alpha}, "
         f"beta={config.beta}, {problem.shards} shards ({config.allocation}), "
         f"{config.weights} weights, rows per node "
         f"{problem.count.tolist()} -> {run_dir}", flush=True)

@@ -13,6 +13,7 @@ from typing import Any
 from jaxrl_async.decentralized.graphs import TOPOLOGIES
 from jaxrl_async.decentralized.problem import ALLOCATIONS, SPLITS
 from jaxrl_async.decentralized.schedule import DELAY_DISTS
+from jaxrl_async.decentralized.transport import parse_endpoint, parse_hosts
 
 DATA = ("random_mdp", "mountain_car")
 MODES = ("async", "sync", "centralized")
@@ -90,6 +91,13 @@ class PolicyEvalConfig:
   max_time: float = _f(0.0, "Budget: virtual time (simulated); 0 means none.")
   max_wall_s: float = _f(300.0, "Budget: wall-clock seconds of the run itself.")
   seed: int = _f(0, "Seed of the data, graph, sampling and simulated timing.")
+  hosts: str = _f("", "--runtime=processes: the address each node listens on, ADDR (one node) "
+                  "or ADDR:COUNT (COUNT nodes), comma-separated IPv4 addresses, node ids in "
+                  "order; the counts add up to --nodes. Empty: every node on 127.0.0.1.")
+  coordinator: str = _f("", "--runtime=processes: ADDR:PORT where this process listens for "
+                        "nodes started elsewhere by a launcher (experiments/launch/"
+                        "policy_evaluation_hosts.py), each with this address and its node id. "
+                        "Empty: this process starts every node itself, on this machine.")
   run_dir: str = _f("", "Where metrics.jsonl, summary.json and the plots go; empty: "
                     "runs/policy_evaluation-<data>-<runtime>-<mode>-N<nodes>-<seed>, with -2, "
                     "-3, ... appended while that name is in use. A given one that holds a "
@@ -161,9 +169,25 @@ class PolicyEvalConfig:
     if self.runtime == "processes" and self.drop_prob > 0:
       raise ConfigError("drop_prob", self.drop_prob,
                         "must be 0 with --runtime=processes (real links are not lossy here)")
+    self._check_network()
     if self.data == "mountain_car" and self.features not in (0, 300):
       raise ConfigError("features", self.features,
                         "must be 300 (or 0) with --data=mountain_car: 15 x 20 RBF grid")
+
+  def _check_network(self) -> None:
+    for name in ("hosts", "coordinator"):
+      value = getattr(self, name)
+      if value and self.runtime != "processes":
+        raise ConfigError(name, value, "needs --runtime=processes")
+    try:
+      parse_hosts(self.hosts, self.nodes)
+    except ValueError as e:
+      raise ConfigError("hosts", self.hosts, str(e)) from None
+    if self.coordinator:
+      try:
+        parse_endpoint(self.coordinator)
+      except ValueError as e:
+        raise ConfigError("coordinator", self.coordinator, str(e)) from None
 
   def _choice(self, name: str, allowed: tuple[str, ...]) -> None:
     value = getattr(self, name)
@@ -175,6 +199,11 @@ class PolicyEvalConfig:
     ok = _is_num(value) and lo <= value and (value < hi if hi_open else value <= hi)
     if not ok:
       raise ConfigError(name, value, allowed)
+
+  @property
+  def host_addrs(self) -> tuple[str, ...]:
+    """The address each node listens on."""
+    return parse_hosts(self.hosts, self.nodes)
 
   @property
   def dim(self) -> int:

@@ -21,6 +21,7 @@ from jaxrl_async.decentralized import problem as problem_lib
 from jaxrl_async.decentralized.config import ConfigError, PolicyEvalConfig
 from jaxrl_async.decentralized.schedule import Timing
 from jaxrl_async.decentralized.simulator import RunResult, fit_rate
+from jaxrl_async.decentralized.transport import check_bindable, parse_endpoint
 
 
 def make_problem(config: PolicyEvalConfig) -> problem_lib.Problem:
@@ -52,9 +53,11 @@ def run(config: PolicyEvalConfig, problem: problem_lib.Problem | None = None,
   if config.runtime == "processes":
     from jaxrl_async.decentralized.processes import run_processes
 
+    coordinator = parse_endpoint(config.coordinator) if config.coordinator else None
     return run_processes(problem, graph, config.alpha, config.beta, config.sampling,
                          config.seed, config.tol, config.max_wall_s, config.slowdowns,
-                         on_record=on_record, pull_lag=config.pull_lag)
+                         on_record=on_record, pull_lag=config.pull_lag,
+                         hosts=config.host_addrs, coordinator=coordinator)
   from jaxrl_async.decentralized import simulator
 
   sim = simulator.build(problem, graph, config.mode, make_timing(config), config.alpha,
@@ -81,6 +84,23 @@ def check_run_dir(config: PolicyEvalConfig, overwrite: bool = False) -> None:
   if held:
     raise ConfigError("run_dir", str(path), f"already holds a run's {held[0]}; give another "
                       "--run_dir, or --overwrite to replace that run's results")
+
+
+def check_network(config: PolicyEvalConfig) -> None:
+  """Refuses (ConfigError naming the flag) addresses this machine cannot listen on: every
+  --hosts address when this process starts the nodes itself, else the --coordinator endpoint."""
+  if config.runtime != "processes":
+    return
+  if config.coordinator:
+    addr, port = parse_endpoint(config.coordinator)
+    flag, value, checks = "coordinator", config.coordinator, [(addr, port)]
+  else:
+    flag, value, checks = "hosts", config.hosts, [(a, 0) for a in sorted(set(config.host_addrs))]
+  for addr, port in checks:
+    try:
+      check_bindable(addr, port)
+    except ValueError as e:
+      raise ConfigError(flag, value, str(e)) from None
 
 
 def claim_run_dir(config: PolicyEvalConfig, root: Path = Path("runs")) -> Path:

@@ -1,0 +1,267 @@
+"""The process runtime's parent: hands out constants and the address book, watches, stops.
+
+It binds a ROUTER (on 127.0.0.1 when it starts the nodes itself, or on `--coordinator=ADDR:PORT`
+when a launcher starts them on other machines); each node (`python -m
+jaxrl_async.decentralized.processes`) connects a DEALER, says hello with its node id, receives its
+constants, initial state and the address to listen on, compiles the update, binds its data socket
+and reports the port; when the parent has every port it sends each node the address book and that
+node starts at once. Nodes report (activations, theta) every `report_every_s`; the parent stops
+everyone when every node's latest relative error is below `tol`, or the wall budget is spent,
+collects the final states, and kills any node it started that has not exited within a timeout.
+Every blocking receive has a timeout, on both sides.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from jaxrl_async.decentralized.graphs import Graph
+from jaxrl_async.decentralized.problem import Problem, relative_errors
+from jaxrl_async.decentralized.transport import ProcessRuntimeError
+
+SETUP_TIMEOUT_S = 120.0  # a node imports JAX and compiles before it reports its port
+NODE_GRACE_S = 60.0  # a node gives up this long after the wall budget if never told to stop
+
+
+class _Children:
+  """The node processes this parent started on this machine; kills whatever is left on exit."""
+
+  def __init__(self, n: int, control_addr: str):
+    self.logs = [tempfile.TemporaryFile() for _ in range(n)]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    self.procs = [
+        subprocess.Popen([sys.executable, "-m", "jaxrl_async.decentralized.processes",
+                          "--control", control_addr, "--node", str(i)],
+                         stdout=log, stderr=subprocess.STDOUT, env=env)
+        for i, log in enumerate(self.logs)]
+
+  def check(self) -> None:
+    for i, p in enumerate(self.procs):
+      if p.poll() not in (None, 0):
+        raise ProcessRuntimeError(f"node {i} exited with status {p.returncode}:\n{self.log(i)}")
+
+  def log(self, i: int) -> str:
+    self.logs[i].seek(0)
+    return self.logs[i].read().decode(errors="replace")[-3000:]
+
+  def close(self, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    for p in self.procs:
+      try:
+        p.wait(timeout=max(0.0, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(timeout=5)
+    for log in self.logs:
+      log.close()
+
+
+class _Elsewhere:
+  """Nodes started by a launcher on other machines: nothing to check or kill from here (each
+  node exits on stop, when its launcher session ends, or NODE_GRACE_S after the budget)."""
+
+  def check(self) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+
+class _Watch:
+  """Every node's latest report; the error curve, per-node snapshots and threshold crossings."""
+
+  def __init__(self, n: int, theta_star: np.ndarray, tol: float):
+    self.theta_star, self.tol = theta_star, tol
+    self.latest = np.zeros((n, theta_star.shape[0]))
+    self.clocks = np.zeros(n, np.int64)
+    self.seen = np.zeros(n, bool)
+    self.curve, self.snaps, self.crossings = [], [], {}
+
+  def report(self, i: int, stamp: int, theta: np.ndarray, elapsed: float) -> dict | None:
+    """Takes node i's report; the network-wide record once every node has reported."""
+    self.latest[i], self.clocks[i], self.seen[i] = theta, stamp, True
+    if not self.seen.all():
+      return None
+    return self.record(self.latest, int(self.clocks.sum()), elapsed)
+
+  def record(self, theta: np.ndarray, k: int, elapsed: float) -> dict:
+    errs = relative_errors(theta, self.theta_star)
+    worst = float(errs.max())
+    cons = float(np.max(np.linalg.norm(theta - theta.mean(0), axis=1))
+                 / np.linalg.norm(self.theta_star))
+    self.curve.append((k, elapsed, worst))
+    self.snaps.append((k, elapsed, errs, cons))
+    for t in (1e-4, 1e-6, 1e-8, 1e-10, self.tol):
+      if worst < t and t not in self.crossings:
+        self.crossings[t] = (k, elapsed)
+    return {"k": k, "time": elapsed, "worst_rel_error": worst, "consensus_error": cons,
+            "wall_s": elapsed}
+
+
+def _set_up(control: zmq.Socket, children, setups: list[dict]) -> tuple[dict, dict]:
+  """Hello -> setup, port -> collected, for every node; returns (identities, ports)."""
+  n = len(setups)
+  ident: dict[int, bytes] = {}
+  ports: dict[int, int] = {}
+  deadline = time.monotonic() + SETUP_TIMEOUT_S
+  while len(ports) < n:
+    children.check()
+    if time.monotonic() > deadline:
+      missing = sorted(set(range(n)) - set(ports))
+      raise ProcessRuntimeError(f"only {len(ports)} of {n} nodes set up within "
+                                f"{SETUP_TIMEOUT_S}s (missing: {missing})")
+    if not control.poll(100):
+      continue
+    who, raw = control.recv_multipart()
+    msg = pickle.loads(raw)
+    if msg[0] == "hello":
+      i = msg[1]
+      if not (isinstance(i, int) and 0 <= i < n) or i in ident:
+        raise ProcessRuntimeError(f"a node said hello as node {i!r}: node ids must be 0..{n - 1},"
+                                  " each started once")
+      ident[i] = who
+      control.send_multipart([who, pickle.dumps(("setup", setups[i]))])
+    elif msg[0] == "port":
+      ports[msg[1]] = msg[2]
+  return ident, ports
+
+
+def _watch(control: zmq.Socket, children, watch: _Watch, t0: float, max_wall_s: float,
+           divergence: float, on_record) -> tuple[str, float | None]:
+  """Takes reports until tolerance, budget or divergence; returns (stopped, diverged)."""
+  while True:
+    children.check()
+    elapsed = time.monotonic() - t0
+    if elapsed > max_wall_s:
+      return "wall", None
+    if not control.poll(50):
+      continue
+    _, raw = control.recv_multipart()
+    kind, i, stamp, theta = pickle.loads(raw)
+    if kind != "report":
+      continue
+    record = watch.report(i, stamp, theta, elapsed)
+    if record is None:
+      continue
+    if on_record is not None:
+      on_record(record)
+    worst = record["worst_rel_error"]
+    if not math.isfinite(worst) or worst > divergence:
+      return "diverged", worst
+    if worst < watch.tol:
+      return "tol", None
+
+
+def _collect(control: zmq.Socket, children, ident: dict[int, bytes]) -> tuple[dict, int]:
+  """Stops every node and collects its final state; returns (finals, dropped sends)."""
+  n = len(ident)
+  for i in range(n):
+    control.send_multipart([ident[i], pickle.dumps(("stop", None))])
+  finals: dict[int, dict[str, np.ndarray]] = {}
+  dropped = 0
+  deadline = time.monotonic() + 30.0
+  while len(finals) < n and time.monotonic() < deadline:
+    children.check()
+    if not control.poll(100):
+      continue
+    msg = pickle.loads(control.recv_multipart()[1])
+    if msg[0] == "final":
+      finals[msg[1]] = msg[2]
+      dropped += msg[3]
+  if len(finals) < n:
+    raise ProcessRuntimeError(f"only {len(finals)} of {n} nodes sent a final state")
+  return finals, dropped
+
+
+def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
+                  sampling: str = "uniform", seed: int = 0, tol: float = 1e-10,
+                  max_wall_s: float = 120.0, slowdowns: tuple[float, ...] = (),
+                  report_every_s: float = 0.02, divergence: float = 1e6,
+                  on_record=None, pull_lag: float = 0.0, hosts: tuple[str, ...] = (),
+                  coordinator: tuple[str, int] | None = None):
+  """Run the asynchronous method with one process per node; returns a `simulator.RunResult`
+  whose `time` is wall seconds since the nodes started and whose k is the sum of activations.
+
+  `hosts`: the address each node listens on (default 127.0.0.1 for all). `coordinator`: None to
+  start every node here; (ADDR, PORT) to listen there for nodes a launcher starts elsewhere
+  (`python -m jaxrl_async.decentralized.processes --control tcp://ADDR:PORT --node I`).
+
+  Raises:
+    ProcessRuntimeError: a node failed (its output is in the message) or timed out.
+    simulator.DivergenceError: the error grew past `divergence` or became non-finite.
+  """
+  from jaxrl_async.decentralized import node as node_lib
+  from jaxrl_async.decentralized.simulator import DivergenceError
+
+  consts = node_lib.network_consts(problem, graph, alpha, beta, sampling, seed,
+                                   pull_lag=pull_lag)
+  init = node_lib.init_state(consts)
+  slots = graph.slot_tables()
+  n = graph.n
+  slow = slowdowns or (1.0,) * n
+  hosts = hosts or ("127.0.0.1",) * n
+  setups = [{"const": tuple(np.asarray(x)[i] for x in consts),
+             "state": tuple(np.asarray(x)[i] for x in init),
+             "in_nbr": slots["in_nbr"][i], "out_nbr": slots["out_nbr"][i], "bind": hosts[i],
+             "slowdown": float(slow[i]), "report_every_s": report_every_s,
+             "give_up_s": max_wall_s + SETUP_TIMEOUT_S + NODE_GRACE_S} for i in range(n)]
+  watch = _Watch(n, problem.theta_star(), tol)
+
+  ctx = zmq.Context()
+  control = ctx.socket(zmq.ROUTER)
+  control.setsockopt(zmq.LINGER, 0)
+  children = _Elsewhere()
+  try:
+    if coordinator is None:
+      port = control.bind_to_random_port("tcp://127.0.0.1")
+      children = _Children(n, f"tcp://127.0.0.1:{port}")
+    else:
+      control.bind(f"tcp://{coordinator[0]}:{coordinator[1]}")
+    ident, ports = _set_up(control, children, setups)
+    book = {i: f"tcp://{hosts[i]}:{p}" for i, p in ports.items()}
+    t0 = time.monotonic()
+    for i in range(n):
+      control.send_multipart([ident[i], pickle.dumps(("peers", {"peers": book}))])
+    stopped, diverged = _watch(control, children, watch, t0, max_wall_s, divergence, on_record)
+    wall = time.monotonic() - t0
+    finals, dropped = _collect(control, children, ident)
+  finally:
+    children.close()
+    ctx.destroy(linger=0)
+
+  if stopped == "diverged":
+    raise DivergenceError(f"diverged (worst relative error {diverged:.3g}): the step sizes are "
+                          "too large for this problem and network; lower --alpha and/or --beta")
+  return _result(watch, finals, wall, stopped, dropped, hosts)
+
+
+def _result(watch: _Watch, finals: dict, wall: float, stopped: str, dropped: int,
+            hosts: tuple[str, ...]):
+  from jaxrl_async.decentralized.simulator import RunResult
+
+  n = len(finals)
+  theta = np.stack([finals[i]["theta"] for i in range(n)])
+  k_final = int(sum(int(finals[i]["clock"]) for i in range(n)))
+  watch.record(theta, k_final, wall)
+  curve, snaps = watch.curve, watch.snaps
+  return RunResult(
+      k=np.array([c[0] for c in curve]), time=np.array([c[1] for c in curve]),
+      worst=np.array([c[2] for c in curve]),
+      node_k=np.array([s[0] for s in snaps]), node_time=np.array([s[1] for s in snaps]),
+      node_err=np.stack([s[2] for s in snaps]), consensus=np.array([s[3] for s in snaps]),
+      theta=theta, theta_star=watch.theta_star, crossings=watch.crossings, updates=k_final,
+      elapsed=wall, wall_s=wall, stopped=stopped,
+      extra={"dropped_sends": dropped, "clocks": [int(finals[i]["clock"]) for i in range(n)],
+             "hosts": list(hosts)})
