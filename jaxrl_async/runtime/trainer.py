@@ -106,6 +106,20 @@ class RunResult:
 
 
 @dataclasses.dataclass
+class _Startup:
+  """The compiles start-up set going: the abstract state, the initial state's future, one
+  policy per actor (kept alive: the keys use their ids), each actor's (policy, device) key and
+  the compiled policy step per key, and the replay's restore for a resumed off-policy run."""
+
+  abstract: Any
+  state_future: Any
+  policies: list[Any]
+  policy_keys: list[tuple]
+  policy_futures: dict[tuple, Any]
+  replay_future: Any
+
+
+@dataclasses.dataclass
 class _Start:
   """Where this session starts from: fresh (zeros) or a checkpoint's counters."""
 
@@ -242,27 +256,7 @@ class Trainer:
               and self.checkpointer.latest_version() is not None)
     if resume:
       self.start.version = int(self.checkpointer.latest_version())
-    # Start-up is most of a short run here: the initial state, the policy and the update compile
-    # at the same time, each from abstract shapes (XLA compiles outside the GIL).
-    traced_init = self._trace_init()
-    abstract = traced_init.out_info
-    startup = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="startup")
-    state_future = startup.submit(self._restore_state if resume else self._init_state,
-                                  abstract if resume else traced_init)
-    # One compile per distinct (policy, device): IMPALA and PPO share one policy; DQN's
-    # differ per actor (their exploration epsilons).
-    policies = [self.algo.make_policy(i) for i in range(cfg.actor.num_actors)]  # kept alive
-    policy_key = lambda i: (id(policies[i]), i % len(self.actor_devices))
-    policy_futures: dict[tuple, Any] = {}
-    for i in range(cfg.actor.num_actors):
-      if policy_key(i) not in policy_futures:
-        policy_futures[policy_key(i)] = startup.submit(
-            self._policy_step, self.algo.actor_params(abstract),
-            self.actor_devices[policy_key(i)[1]], policies[i], i)
-    replay_future = None
-    if resume and self.algo.off_policy and cfg.checkpoint.checkpoint_replay:
-      replay_future = startup.submit(self._restore_replay, self._abstract_replay(), state_future)
-    startup.shutdown(wait=False)
+    startup = self._start_compiles(resume)
     version = self.start.version
     store = self.cluster.param_store() if self.cluster else ParamStore()
     queue = RolloutQueue(cfg.rate.resolved_queue_capacity)
@@ -271,33 +265,14 @@ class Trainer:
     monitor_ref: list[Monitor] = []
     stats = EpisodeStats(cfg.run.return_window, cfg.run.stop_at_return,
                          lambda: monitor_ref[0].env_steps() if monitor_ref else 0)
-    learner_cls, learner_kwargs = Learner, {"executables": self.executables}
-    if self.algo.off_policy:
-      from jaxrl_async.runtime.offpolicy import OffPolicyLearner as learner_cls
-
-      learner_kwargs = {"replay_future": replay_future}
-    if self.cluster is not None:
-      learner_cls = self.cluster.make_learner
-      learner_kwargs.pop("executables", None)  # off for multi-process runs
-    learner = learner_cls(cfg, self.spec, self.algo, self.mesh, abstract, version, queue, store,
-                          controller, self.stop, wall_s, state_future=state_future,
-                          **learner_kwargs)
+    learner = self._make_learner(startup, version, queue, store, controller)
     threads = [Supervised("learner", learner.run, self.stop)]
     threads[0].start()  # compiles the update, then waits for the initial state
-    state = state_future.result()
-    store.publish(self.algo.actor_params(state), version)
-    policy_steps = {k: f.result() for k, f in policy_futures.items()}
+    store.publish(self.algo.actor_params(startup.state_future.result()), version)
     gate = ActorGate(cfg.actor.num_actors) if cfg.rate.balance == "auto" else None
-    for i in range(cfg.actor.num_actors):
-      d = i % len(self.actor_devices)
-      actor = Actor(i, cfg, self.spec, self.algo, policy_steps[policy_key(i)],
-                    self.actor_devices[d],
-                    self.put_mesh, queue, store, controller, stats, self.stop,
-                    pool_factory=self.pool_factory, start_version=version, gate=gate,
-                    global_index=self.layout.global_actor_index(i) if self.layout else None)
-      actors.append(actor)
-      threads.append(Supervised(f"actor-{i}", actor.run, self.stop,
-                                restarts=cfg.run.actor_restarts, on_restart=actor.on_restart))
+    actors += self._make_actors(startup, version, queue, store, controller, stats, gate)
+    threads += [Supervised(f"actor-{a.index}", a.run, self.stop, restarts=cfg.run.actor_restarts,
+                           on_restart=a.on_restart) for a in actors]
     for t in threads[1:]:
       t.start()
     self.timings["train_start_wall_s"] = wall_s()
@@ -334,6 +309,54 @@ class Trainer:
       raise ThreadFailed(f"threads still running after shutdown: {alive}")
     summary = self._summary(reason, actors, learner, controller, stats, monitor, threads)
     return RunResult(summary, learner.state, learner.version)
+
+  def _start_compiles(self, resume: bool) -> _Startup:
+    """Start-up is most of a short run here: the initial state, the policies and (in the learner
+    thread) the update compile at the same time, each from abstract shapes (XLA compiles
+    outside the GIL)."""
+    cfg = self.config
+    traced_init = self._trace_init()
+    abstract = traced_init.out_info
+    pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="startup")
+    state_future = pool.submit(self._restore_state if resume else self._init_state,
+                               abstract if resume else traced_init)
+    # One compile per distinct (policy, device): IMPALA and PPO share one policy; DQN's
+    # differ per actor (their exploration epsilons).
+    policies = [self.algo.make_policy(i) for i in range(cfg.actor.num_actors)]  # kept alive
+    keys = [(id(policies[i]), i % len(self.actor_devices)) for i in range(cfg.actor.num_actors)]
+    policy_futures: dict[tuple, Any] = {}
+    for i, key in enumerate(keys):
+      if key not in policy_futures:
+        policy_futures[key] = pool.submit(self._policy_step, self.algo.actor_params(abstract),
+                                          self.actor_devices[key[1]], policies[i], i)
+    replay_future = None
+    if resume and self.algo.off_policy and self.config.checkpoint.checkpoint_replay:
+      replay_future = pool.submit(self._restore_replay, self._abstract_replay(), state_future)
+    pool.shutdown(wait=False)
+    return _Startup(abstract, state_future, policies, keys, policy_futures, replay_future)
+
+  def _make_learner(self, startup: _Startup, version: int, queue: RolloutQueue,
+                    store: Any, controller: RateController) -> Any:
+    learner_cls, kwargs = Learner, {"executables": self.executables}
+    if self.algo.off_policy:
+      from jaxrl_async.runtime.offpolicy import OffPolicyLearner as learner_cls
+
+      kwargs = {"replay_future": startup.replay_future}
+    if self.cluster is not None:
+      learner_cls = self.cluster.make_learner
+      kwargs.pop("executables", None)  # off for multi-process runs
+    return learner_cls(self.config, self.spec, self.algo, self.mesh, startup.abstract, version,
+                       queue, store, controller, self.stop, wall_s,
+                       state_future=startup.state_future, **kwargs)
+
+  def _make_actors(self, startup: _Startup, version: int, queue: RolloutQueue, store: Any,
+                   controller: RateController, stats: EpisodeStats, gate: Any) -> list[Actor]:
+    steps = {key: f.result() for key, f in startup.policy_futures.items()}
+    return [Actor(i, self.config, self.spec, self.algo, steps[key], self.actor_devices[key[1]],
+                  self.put_mesh, queue, store, controller, stats, self.stop,
+                  pool_factory=self.pool_factory, start_version=version, gate=gate,
+                  global_index=self.layout.global_actor_index(i) if self.layout else None)
+            for i, key in enumerate(startup.policy_keys)]
 
   def _supervise(self, threads, learner, stats, monitor) -> str:
     cfg = self.config.run
