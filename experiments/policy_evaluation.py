@@ -7,7 +7,9 @@
     python -m experiments.policy_evaluation --runtime=processes --nodes=4 --tol=1e-6 \
         --hosts=127.0.0.1,127.0.0.2,127.0.0.3:2           # nodes listen on these addresses
     experiments/launch/policy_evaluation_hosts.py --via=ssh --hosts=10.0.0.2,10.0.0.3:2 \
-        --coordinator=10.0.0.1:5555 -- --tol=1e-6        # nodes on other machines
+        --coordinator=10.0.0.1:5555 -- --tol=1e-6        # nodes on other machines, CURVE
+    python -m experiments.policy_evaluation --runtime=processes --nodes=4 --tol=1e-6 --curve \
+        --hosts=127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4   # CURVE on loopback too
     python -m experiments.policy_evaluation --nodes=8 --samples=12800 --shards=80 \
         --stragglers=1 --allocation=speed --weights=speed --alpha=40 --tol=1e-6
 
@@ -67,7 +69,8 @@ def _placement(config: PolicyEvalConfig) -> str:
   if config.runtime != "processes":
     return ""
   where = f" on {config.hosts or '127.0.0.1'}"
-  return where + (f", coordinator {config.coordinator}" if config.coordinator else "")
+  where += f", coordinator {config.coordinator}" if config.coordinator else ""
+  return where + (", CURVE" if config.uses_curve else "")
 
 
 def main(argv: list[str]) -> int:

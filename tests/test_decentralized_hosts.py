@@ -1,7 +1,7 @@
 """The process runtime across hosts: --hosts/--coordinator validated before anything starts (one
 line naming the flag, exit 2), nodes listening on the addresses given, and the several-machine
 launcher (experiments/launch/policy_evaluation_hosts.py): its commands, its refusals, and one
-real run with --via=local on 127.0.0.x."""
+real run with --via=local on 127.0.0.x (CURVE, keys handed out by the launcher)."""
 
 import json
 import os
@@ -81,11 +81,11 @@ def test_launcher_dry_run_prints_the_coordinator_and_one_command_per_node():
   coord, *nodes = out.stdout.splitlines()
   assert "-m experiments.policy_evaluation --runtime=processes --nodes=3" in coord
   assert "--hosts=10.0.0.2,10.0.0.3:2 --coordinator=10.0.0.1:5555" in coord
-  assert coord.endswith("--tol=1e-6")
+  assert coord.endswith("--tol=1e-6") and " --curve " in coord  # CURVE always on
   assert len(nodes) == 3
   for i, (cmd, name) in enumerate(zip(nodes, ("cn2", "cn3", "cn3"), strict=True)):
     assert cmd.startswith(f"srun --nodes=1 --ntasks=1 --nodelist={name} bash -c")
-    assert f"--control tcp://10.0.0.1:5555 --node {i}'" in cmd
+    assert f"--control tcp://10.0.0.1:5555 --node {i} --keys -'" in cmd  # keys on stdin
   out = run([sys.executable, str(LAUNCHER), "--via=ssh", "--hosts=10.0.0.2",
              "--coordinator=10.0.0.1:5555", "--dry-run"])
   assert out.stdout.startswith(sys.executable) and "\nssh -o BatchMode=yes 10.0.0.2 " in out.stdout
@@ -110,4 +110,6 @@ def test_launcher_runs_nodes_it_started_itself_on_loopback_addresses(tmp_path):
   assert summary["stopped"] == "tol" and summary["final_rel_error"] < 1e-4
   assert summary["hosts"] == ["127.0.0.2", "127.0.0.3"]
   assert summary["config"]["coordinator"].startswith("127.0.0.1:")
+  assert summary["curve"] is True and summary["config"]["curve"] is True
+  assert not Path(summary["config"]["curve_keys"]).exists()  # the run's keys are gone
   assert all(c > 0 for c in summary["clocks"])

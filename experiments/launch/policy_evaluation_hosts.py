@@ -13,20 +13,27 @@ This machine runs the coordinator (`python -m experiments.policy_evaluation` wit
 or `srun --nodelist=NAME` (`--via=local`: here, to try it on 127.0.0.x). Every node runs
 `python -m jaxrl_async.decentralized.processes --control tcp://COORDINATOR --node I` in
 --remote_dir (default: this checkout's path, as on a shared file system) with --python (default:
-this interpreter's path). Bad input exits 2 with one line naming the flag; otherwise the exit
-status is the coordinator's.
+this interpreter's path). CURVE is always on: the launcher makes the run's keys, gives the
+coordinator its part in a 0600 file in a 0700 temporary folder (removed at the end), and node i
+its part (its own client secret only) on its stdin (`--keys -`; through ssh and srun), never on
+a command line. Bad input exits 2 with one line naming the flag; otherwise the exit status is
+the coordinator's.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+KEYS_FILE = "<the run's keys, made at launch>"
 sys.path.insert(0, str(ROOT))
 
 from jaxrl_async.decentralized import transport  # noqa: E402
@@ -75,12 +82,12 @@ def plan(args: argparse.Namespace, rest: list[str]) -> tuple[str, list[str], lis
                    "give an address of this machine that every node can reach")
   coord_cmd = [sys.executable, "-m", "experiments.policy_evaluation", "--runtime=processes",
                f"--nodes={len(addrs)}", f"--hosts={args.hosts}",
-               f"--coordinator={coordinator}", *rest]
+               f"--coordinator={coordinator}", "--curve", f"--curve_keys={KEYS_FILE}", *rest]
   node_cmds = []
   for i, target in enumerate(targets):
     shell = (f"cd {shlex.quote(args.remote_dir)} && JAX_PLATFORMS=cpu exec "
              f"{shlex.quote(args.python)} -m jaxrl_async.decentralized.processes "
-             f"--control tcp://{coordinator} --node {i}")
+             f"--control tcp://{coordinator} --node {i} --keys -")
     node_cmds.append({"ssh": ["ssh", "-o", "BatchMode=yes", target, shell],
                       "srun": ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={target}",
                                "bash", "-c", shell],
@@ -95,13 +102,21 @@ def _free_port() -> int:
 
 
 def launch(coord_cmd: list[str], node_cmds: list[list[str]]) -> int:
-  """Starts the coordinator, then every node; waits for the coordinator; cleans up."""
+  """Makes the run's keys, starts the coordinator, then every node (its keys on its stdin);
+  waits for the coordinator; cleans up."""
+  keys = transport.make_keys(len(node_cmds))
+  folder = Path(tempfile.mkdtemp(prefix="pe_curve_"))  # 0700
   procs: list[subprocess.Popen] = []
   try:
-    coord = subprocess.Popen(coord_cmd, cwd=ROOT)
+    transport.write_keys(folder / "keys.json", transport.coordinator_keys(keys))
+    cmd = [f"--curve_keys={folder / 'keys.json'}" if c == f"--curve_keys={KEYS_FILE}" else c
+           for c in coord_cmd]
+    coord = subprocess.Popen(cmd, cwd=ROOT)
     procs.append(coord)
-    for cmd in node_cmds:
-      procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
+    for i, cmd in enumerate(node_cmds):
+      procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE))
+      procs[-1].stdin.write(json.dumps(transport.node_keys(keys, i)).encode())
+      procs[-1].stdin.close()
     status = coord.wait()
     for p in procs[1:]:
       try:
@@ -113,6 +128,7 @@ def launch(coord_cmd: list[str], node_cmds: list[list[str]]) -> int:
     for p in procs:
       if p.poll() is None:
         p.terminate()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 from jaxrl_async.decentralized.graphs import TOPOLOGIES
 from jaxrl_async.decentralized.problem import ALLOCATIONS, SPLITS
 from jaxrl_async.decentralized.schedule import DELAY_DISTS
-from jaxrl_async.decentralized.transport import parse_endpoint, parse_hosts
+from jaxrl_async.decentralized.transport import is_loopback, parse_endpoint, parse_hosts
 
 DATA = ("random_mdp", "mountain_car")
 MODES = ("async", "sync", "centralized")
@@ -98,6 +98,12 @@ class PolicyEvalConfig:
                         "nodes started elsewhere by a launcher (experiments/launch/"
                         "policy_evaluation_hosts.py), each with this address and its node id. "
                         "Empty: this process starts every node itself, on this machine.")
+  curve: bool = _f(False, "--runtime=processes: ZeroMQ CURVE authentication and encryption on "
+                   "loopback too (it is always on when an address is not loopback), keys made "
+                   "for this run.")
+  curve_keys: str = _f("", "--runtime=processes: the run's CURVE key file (only its owner may "
+                       "read it; the launcher writes one). Empty: this process makes the keys "
+                       "and hands them to the nodes it starts through their environment.")
   run_dir: str = _f("", "Where metrics.jsonl, summary.json and the plots go; empty: "
                     "runs/policy_evaluation-<data>-<runtime>-<mode>-N<nodes>-<seed>, with -2, "
                     "-3, ... appended while that name is in use. A given one that holds a "
@@ -188,6 +194,18 @@ class PolicyEvalConfig:
         parse_endpoint(self.coordinator)
       except ValueError as e:
         raise ConfigError("coordinator", self.coordinator, str(e)) from None
+    for name in ("curve", "curve_keys"):
+      value = getattr(self, name)
+      if value and self.runtime != "processes":
+        raise ConfigError(name, value, "needs --runtime=processes")
+    if self.curve_keys == "-":
+      raise ConfigError("curve_keys", "-", "must be a file (only a node reads its keys from "
+                        "stdin)")
+    if self.coordinator and self.uses_curve and not self.curve_keys:
+      raise ConfigError("curve_keys", self.curve_keys, "must be given with --coordinator when "
+                        "CURVE is on (--curve, or an address that is not loopback): the nodes "
+                        "started elsewhere need the same keys; experiments/launch/"
+                        "policy_evaluation_hosts.py makes them")
 
   def _choice(self, name: str, allowed: tuple[str, ...]) -> None:
     value = getattr(self, name)
@@ -204,6 +222,16 @@ class PolicyEvalConfig:
   def host_addrs(self) -> tuple[str, ...]:
     """The address each node listens on."""
     return parse_hosts(self.hosts, self.nodes)
+
+  @property
+  def uses_curve(self) -> bool:
+    """CURVE on every socket: asked for, keys given, or an address that is not loopback."""
+    if self.runtime != "processes":
+      return False
+    addrs = list(self.host_addrs)
+    if self.coordinator:
+      addrs.append(parse_endpoint(self.coordinator)[0])
+    return bool(self.curve or self.curve_keys) or not all(is_loopback(a) for a in addrs)
 
   @property
   def dim(self) -> int:

@@ -13,6 +13,7 @@ Every blocking receive has a timeout, on both sides.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pickle
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from jaxrl_async.decentralized import transport
 from jaxrl_async.decentralized.graphs import Graph
 from jaxrl_async.decentralized.problem import Problem, relative_errors
 from jaxrl_async.decentralized.transport import ProcessRuntimeError
@@ -36,16 +38,21 @@ NODE_GRACE_S = 60.0  # a node gives up this long after the wall budget if never 
 class _Children:
   """The node processes this parent started on this machine; kills whatever is left on exit."""
 
-  def __init__(self, n: int, control_addr: str):
+  def __init__(self, n: int, control_addr: str, keys: dict | None):
     self.logs = [tempfile.TemporaryFile() for _ in range(n)]
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    self.procs = [
-        subprocess.Popen([sys.executable, "-m", "jaxrl_async.decentralized.processes",
-                          "--control", control_addr, "--node", str(i)],
-                         stdout=log, stderr=subprocess.STDOUT, env=env)
-        for i, log in enumerate(self.logs)]
+    env.pop(transport.KEYS_ENV, None)
+    self.procs = []
+    for i, log in enumerate(self.logs):
+      # Node i's keys (its own client secret only) through its environment, which only this
+      # user can read (/proc/PID/environ is 0400), never on a command line.
+      child_env = env if keys is None else {
+          **env, transport.KEYS_ENV: json.dumps(transport.node_keys(keys, i))}
+      self.procs.append(subprocess.Popen(
+          [sys.executable, "-m", "jaxrl_async.decentralized.processes", "--control",
+           control_addr, "--node", str(i)], stdout=log, stderr=subprocess.STDOUT, env=child_env))
 
   def check(self) -> None:
     for i, p in enumerate(self.procs):
@@ -110,6 +117,19 @@ class _Watch:
             "wall_s": elapsed}
 
 
+def _recv(control: zmq.Socket) -> tuple[bytes, tuple]:
+  """(sender, message) from the control socket; ("", ("?",)) for what no node sends (only a
+  process without CURVE, on loopback, could send it; `transport.loads` runs no code)."""
+  parts = control.recv_multipart()
+  try:
+    msg = transport.loads(parts[1])
+  except Exception:  # whatever a malformed pickle raises
+    return b"", ("?",)
+  if len(parts) != 2 or not (isinstance(msg, tuple) and msg):
+    return b"", ("?",)
+  return parts[0], msg
+
+
 def _set_up(control: zmq.Socket, children, setups: list[dict]) -> tuple[dict, dict]:
   """Hello -> setup, port -> collected, for every node; returns (identities, ports)."""
   n = len(setups)
@@ -124,8 +144,7 @@ def _set_up(control: zmq.Socket, children, setups: list[dict]) -> tuple[dict, di
                                 f"{SETUP_TIMEOUT_S}s (missing: {missing})")
     if not control.poll(100):
       continue
-    who, raw = control.recv_multipart()
-    msg = pickle.loads(raw)
+    who, msg = _recv(control)
     if msg[0] == "hello":
       i = msg[1]
       if not (isinstance(i, int) and 0 <= i < n) or i in ident:
@@ -148,10 +167,10 @@ def _watch(control: zmq.Socket, children, watch: _Watch, t0: float, max_wall_s: 
       return "wall", None
     if not control.poll(50):
       continue
-    _, raw = control.recv_multipart()
-    kind, i, stamp, theta = pickle.loads(raw)
-    if kind != "report":
+    msg = _recv(control)[1]
+    if msg[0] != "report" or len(msg) != 4:
       continue
+    _, i, stamp, theta = msg
     record = watch.report(i, stamp, theta, elapsed)
     if record is None:
       continue
@@ -176,7 +195,7 @@ def _collect(control: zmq.Socket, children, ident: dict[int, bytes]) -> tuple[di
     children.check()
     if not control.poll(100):
       continue
-    msg = pickle.loads(control.recv_multipart()[1])
+    msg = _recv(control)[1]
     if msg[0] == "final":
       finals[msg[1]] = msg[2]
       dropped += msg[3]
@@ -190,13 +209,16 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
                   max_wall_s: float = 120.0, slowdowns: tuple[float, ...] = (),
                   report_every_s: float = 0.02, divergence: float = 1e6,
                   on_record=None, pull_lag: float = 0.0, hosts: tuple[str, ...] = (),
-                  coordinator: tuple[str, int] | None = None):
+                  coordinator: tuple[str, int] | None = None, keys: dict | None = None):
   """Run the asynchronous method with one process per node; returns a `simulator.RunResult`
   whose `time` is wall seconds since the nodes started and whose k is the sum of activations.
 
   `hosts`: the address each node listens on (default 127.0.0.1 for all). `coordinator`: None to
   start every node here; (ADDR, PORT) to listen there for nodes a launcher starts elsewhere
   (`python -m jaxrl_async.decentralized.processes --control tcp://ADDR:PORT --node I`).
+  `keys`: the run's CURVE keys (`transport.make_keys`) to authenticate and encrypt every socket,
+  or None for none; the nodes started here get theirs through their environment, nodes started
+  elsewhere from their launcher.
 
   Raises:
     ProcessRuntimeError: a node failed (its output is in the message) or timed out.
@@ -220,13 +242,15 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
   watch = _Watch(n, problem.theta_star(), tol)
 
   ctx = zmq.Context()
+  auth = transport.start_authenticator(ctx, keys)
   control = ctx.socket(zmq.ROUTER)
   control.setsockopt(zmq.LINGER, 0)
+  transport.as_server(control, keys)
   children = _Elsewhere()
   try:
     if coordinator is None:
       port = control.bind_to_random_port("tcp://127.0.0.1")
-      children = _Children(n, f"tcp://127.0.0.1:{port}")
+      children = _Children(n, f"tcp://127.0.0.1:{port}", keys)
     else:
       control.bind(f"tcp://{coordinator[0]}:{coordinator[1]}")
     ident, ports = _set_up(control, children, setups)
@@ -239,12 +263,16 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
     finals, dropped = _collect(control, children, ident)
   finally:
     children.close()
+    if auth is not None:
+      auth.stop()
     ctx.destroy(linger=0)
 
   if stopped == "diverged":
     raise DivergenceError(f"diverged (worst relative error {diverged:.3g}): the step sizes are "
                           "too large for this problem and network; lower --alpha and/or --beta")
-  return _result(watch, finals, wall, stopped, dropped, hosts)
+  result = _result(watch, finals, wall, stopped, dropped, hosts)
+  result.extra["curve"] = keys is not None
+  return result
 
 
 def _result(watch: _Watch, finals: dict, wall: float, stopped: str, dropped: int,

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_async.decentralized import graphs
+from jaxrl_async.decentralized import graphs, transport
 from jaxrl_async.decentralized import problem as problem_lib
 from jaxrl_async.decentralized.config import ConfigError, PolicyEvalConfig
 from jaxrl_async.decentralized.schedule import Timing
@@ -57,7 +57,8 @@ def run(config: PolicyEvalConfig, problem: problem_lib.Problem | None = None,
     return run_processes(problem, graph, config.alpha, config.beta, config.sampling,
                          config.seed, config.tol, config.max_wall_s, config.slowdowns,
                          on_record=on_record, pull_lag=config.pull_lag,
-                         hosts=config.host_addrs, coordinator=coordinator)
+                         hosts=config.host_addrs, coordinator=coordinator,
+                         keys=curve_keys(config))
   from jaxrl_async.decentralized import simulator
 
   sim = simulator.build(problem, graph, config.mode, make_timing(config), config.alpha,
@@ -86,11 +87,28 @@ def check_run_dir(config: PolicyEvalConfig, overwrite: bool = False) -> None:
                       "--run_dir, or --overwrite to replace that run's results")
 
 
+def curve_keys(config: PolicyEvalConfig) -> dict[str, Any] | None:
+  """The run's CURVE keys: read from --curve_keys, made here, or None when CURVE is off.
+  ConfigError naming --curve_keys when the file will not do."""
+  if not config.uses_curve:
+    return None
+  if not config.curve_keys:
+    return transport.make_keys(config.nodes)
+  started_here = range(0) if config.coordinator else range(config.nodes)
+  try:
+    return transport.read_keys(config.curve_keys, config.nodes, started_here)
+  except ValueError as e:
+    raise ConfigError("curve_keys", config.curve_keys, str(e)) from None
+
+
 def check_network(config: PolicyEvalConfig) -> None:
-  """Refuses (ConfigError naming the flag) addresses this machine cannot listen on: every
-  --hosts address when this process starts the nodes itself, else the --coordinator endpoint."""
+  """Refuses (ConfigError naming the flag) addresses this machine cannot listen on (every
+  --hosts address when this process starts the nodes itself, else the --coordinator endpoint)
+  and a --curve_keys file that will not do."""
   if config.runtime != "processes":
     return
+  if config.curve_keys:
+    curve_keys(config)
   if config.coordinator:
     addr, port = parse_endpoint(config.coordinator)
     flag, value, checks = "coordinator", config.coordinator, [(addr, port)]

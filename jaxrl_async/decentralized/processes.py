@@ -10,13 +10,16 @@ mass). There are no locks and no barriers between nodes.
 
 This module is one node (`python -m jaxrl_async.decentralized.processes --control ADDR --node I`):
 it connects to the coordinator's control socket, receives its constants and the address it
-listens on, and activates back to back until told to stop. The parent side, `run_processes`,
-lives in `coordinator.py` (re-exported here); the addresses in `transport.py`.
+listens on, and activates back to back until told to stop. With CURVE keys (`--keys FILE|-`, or
+from its parent through $JAXRL_DEC_CURVE_KEYS) every socket it opens is authenticated and
+encrypted and its data socket admits only the run's nodes. The parent side, `run_processes`,
+lives in `coordinator.py` (re-exported here); addresses and keys in `transport.py`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import struct
 import sys
@@ -26,6 +29,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from jaxrl_async.decentralized import transport
 from jaxrl_async.decentralized.coordinator import SETUP_TIMEOUT_S, run_processes
 from jaxrl_async.decentralized.transport import ProcessRuntimeError
 
@@ -37,8 +41,9 @@ _HEADER = struct.Struct("<iq")  # sender id, stamp
 # Child side.
 
 
-def _node_main(control_addr: str, node_id: int) -> int:
-  """One node: set up through the parent, then activate back to back until told to stop."""
+def _node_main(control_addr: str, node_id: int, keys: dict | None) -> int:
+  """One node: set up through the parent, then activate back to back until told to stop.
+  `keys`: this node's CURVE keys (`transport.node_keys`), or None for no CURVE."""
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import jax
 
@@ -48,9 +53,11 @@ def _node_main(control_addr: str, node_id: int) -> int:
   from jaxrl_async.decentralized import node as node_lib
 
   ctx = zmq.Context()
+  auth = transport.start_authenticator(ctx, keys)
   control = ctx.socket(zmq.DEALER)
   control.setsockopt(zmq.IDENTITY, str(node_id).encode())
   control.setsockopt(zmq.LINGER, 1000)
+  transport.as_client(control, keys, node_id)
   control.connect(control_addr)
   try:
     control.send_pyobj(("hello", node_id))
@@ -64,9 +71,7 @@ def _node_main(control_addr: str, node_id: int) -> int:
     inbox = node_lib.Inbox(np.zeros((d_in, d)), np.zeros((d_in, d)), -np.ones(d_in, np.int64))
     node_lib.node_update_jit(const, state, inbox)  # compile before the clock starts
 
-    data = ctx.socket(zmq.PULL)
-    data.setsockopt(zmq.LINGER, 0)
-    port = data.bind_to_random_port(f"tcp://{setup['bind']}")
+    data, port = bind_data(ctx, setup["bind"], keys)
     control.send_pyobj(("port", node_id, port))
     peers = _recv_or_die(control, "peers")["peers"]
     pushes = []
@@ -74,20 +79,33 @@ def _node_main(control_addr: str, node_id: int) -> int:
       sock = ctx.socket(zmq.PUSH)
       sock.setsockopt(zmq.LINGER, 0)
       sock.setsockopt(zmq.SNDHWM, 10_000)
+      transport.as_client(sock, keys, node_id)
       sock.connect(peers[j])
       pushes.append(sock)
     give_up = time.monotonic() + setup["give_up_s"]
     return _node_loop(node_lib, control, data, pushes, const, state, in_slot, node_id,
                       setup["slowdown"], setup["report_every_s"], give_up)
   finally:
+    if auth is not None:
+      auth.stop()
     ctx.destroy(linger=0)
+
+
+def bind_data(ctx: zmq.Context, addr: str, keys: dict | None) -> tuple[zmq.Socket, int]:
+  """A node's data socket: PULL on `addr` (a free port), a CURVE server when `keys` is given
+  (admitted are the clients that the context's authenticator allows); returns (socket, port)."""
+  data = ctx.socket(zmq.PULL)
+  data.setsockopt(zmq.LINGER, 0)
+  transport.as_server(data, keys)
+  return data, data.bind_to_random_port(f"tcp://{addr}")
 
 
 def _recv_or_die(sock: zmq.Socket, what: str) -> Any:
   if not sock.poll(int(SETUP_TIMEOUT_S * 1000)):
     raise ProcessRuntimeError(f"no {what} message from the coordinator within "
-                              f"{SETUP_TIMEOUT_S}s")
-  kind, payload = sock.recv_pyobj()
+                              f"{SETUP_TIMEOUT_S}s (not reachable, or CURVE keys that do not "
+                              "match: CURVE at one end only, or another run's keys)")
+  kind, payload = transport.loads(sock.recv())
   if kind == "stop":
     raise SystemExit(0)
   return payload
@@ -102,7 +120,7 @@ def _node_loop(node_lib, control, data, pushes, const, state, in_slot, node_id, 
   while True:
     now = time.monotonic()
     if control.poll(0):
-      kind, _ = control.recv_pyobj()
+      kind, _ = transport.loads(control.recv())
       if kind == "stop":
         break
     if os.getppid() != parent:  # the parent died (we were re-parented): do not linger
@@ -156,11 +174,22 @@ def _slot_of(parts: list[bytes], in_slot: dict[int, int], d: int) -> tuple[int |
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description="One node of the ZeroMQ policy-evaluation network "
-                                   "(started by run_processes).")
-  parser.add_argument("--control", required=True)
+                                   "(started by run_processes or a launcher).")
+  parser.add_argument("--control", required=True, help="tcp://ADDR:PORT of the coordinator")
   parser.add_argument("--node", type=int, required=True)
+  parser.add_argument("--keys", default="", help=f"CURVE keys: a file only its owner can read, "
+                      f"or - for stdin; default: ${transport.KEYS_ENV} if set, else no CURVE")
   args = parser.parse_args(argv)
-  return _node_main(args.control, args.node)
+  from_env = os.environ.pop(transport.KEYS_ENV, "")
+  try:
+    if args.keys:
+      keys = transport.read_keys(args.keys, secrets_for=range(args.node, args.node + 1))
+    else:
+      keys = transport.node_keys(json.loads(from_env), args.node) if from_env else None
+  except (ValueError, KeyError) as e:
+    print(f"node {args.node}: --keys: {e}", file=sys.stderr)
+    return 2
+  return _node_main(args.control, args.node, keys)
 
 
 if __name__ == "__main__":
