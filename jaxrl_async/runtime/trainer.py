@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import importlib
 import json
 import threading
 import time
@@ -23,8 +22,8 @@ import numpy as np
 
 from jaxrl_async import envs
 from jaxrl_async.algos import make_algorithm
-from jaxrl_async.checkpoint import Checkpointer, check_compatible
-from jaxrl_async.config import ConfigError, TrainConfig
+from jaxrl_async.checkpoint import Checkpointer
+from jaxrl_async.config import TrainConfig
 from jaxrl_async.loggers import make_logger
 from jaxrl_async.metrics import EpisodeStats, MetricsWriter, wall_s
 from jaxrl_async.runtime.actor import Actor
@@ -38,64 +37,12 @@ from jaxrl_async.runtime.queue import RolloutQueue
 from jaxrl_async.runtime.rate import RateController
 from jaxrl_async.runtime.sharding import LEARNER_AXIS, learner_mesh, replicated
 from jaxrl_async.runtime.supervision import Supervised, ThreadFailed, join_all
+from jaxrl_async.runtime.validation import check_devices, check_run_dir, validate
 
-__all__ = ["RunResult", "ThreadFailed", "Trainer", "check_devices", "validate"]
-
-# Algorithms that learn from a replay (runtime/offpolicy.py), which --checkpoint_replay saves.
-OFF_POLICY_ALGOS = ("dqn",)
-
-
-def check_devices(config: TrainConfig) -> list[jax.Device]:
-  devices = jax.local_devices()
-  n = config.learner.learner_devices
-  if n > len(devices):
-    raise ConfigError("learner_devices", n, f"must be <= the {len(devices)} local devices "
-                      f"({devices[0].platform}); on CPU set XLA_FLAGS="
-                      f"--xla_force_host_platform_device_count={n}")
-  return devices[:n]
-
-
-def validate(config: TrainConfig, run_dir: Path | None = None) -> envs.EnvSpec:
-  """Everything that can be checked before a thread starts; raises ConfigError."""
-  spec = envs.env_spec(config.env)
-  if config.learner.algo in ("impala", "dqn") and not spec.discrete:
-    raise ConfigError("algo", config.learner.algo,
-                      f"needs discrete actions, but {config.env.env_id} has continuous ones "
-                      "(use --algo=ppo)")
-  check_devices(config)
-  algo_module = importlib.import_module(f"jaxrl_async.algos.{config.learner.algo}")
-  if hasattr(algo_module, "check_config"):
-    algo_module.check_config(config, spec)  # algorithm-specific checks, before any thread
-  if config.checkpoint.checkpoint_replay and config.learner.algo not in OFF_POLICY_ALGOS:
-    raise ConfigError("checkpoint_replay", True,
-                      f"needs an off-policy algorithm with a replay ({', '.join(OFF_POLICY_ALGOS)}"
-                      f"); --algo={config.learner.algo} learns from its rollouts and has none")
-  from jaxrl_async.loggers import check_kind
-
-  check_kind(config.run.logger)
-  if config.distributed.enabled or config.distributed.actor_devices:
-    from jaxrl_async.runtime.distributed import check_cluster
-
-    check_cluster(config, Path(run_dir or config.run.run_dir))
-  if config.checkpoint.resume:
-    meta = Checkpointer(Path(run_dir or config.run.run_dir)).read_meta()
-    if meta is not None:
-      check_compatible(meta["config"], config.to_flat(),
-                       with_replay=config.checkpoint.checkpoint_replay and "replay" in meta)
-  return spec
-
+__all__ = ["RunResult", "ThreadFailed", "Trainer", "check_devices", "check_run_dir", "validate"]
 
 # XLA options for a program that runs once (the initial state).
 _RUN_ONCE_OPTIONS = {"xla_backend_optimization_level": 0}
-
-
-def check_run_dir(config: TrainConfig, run_dir: Path) -> None:
-  """A new (not resumed) training run needs a run_dir without checkpoints: it would mix its
-  own with the earlier run's, and fail on the first step number they share."""
-  if (not config.checkpoint.resume and config.checkpoint.enabled
-      and Checkpointer(run_dir).has_checkpoints()):
-    raise ConfigError("run_dir", str(run_dir), "holds an earlier run's checkpoints: pass "
-                      "--resume to continue it, or choose another --run_dir")
 
 
 @dataclasses.dataclass
