@@ -8,10 +8,7 @@ from typing import Any
 
 import jax
 
-from jaxrl_async.metrics import Ema, wall_s
-
-# The actor's per-step path (runtime/actor.py, ActorTimers), in the order a step takes it.
-STEP_SPLIT = ("env_recv_s", "h2d_s", "inference_s", "d2h_s", "env_send_s", "write_s")
+from jaxrl_async.metrics import STEP_SPLIT, Ema, wall_s
 
 
 class Monitor:

@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jaxrl_async.metrics import STEP_SPLIT
 from tools.bench_common import Progress, SuiteResult, md_table, write_results
 
 MODES = ("env_only", "actors_only", "learner_only", "pipeline_async", "pipeline_sync")
@@ -54,9 +55,6 @@ RUN_ORDER = ("env_only", "learner_only", "pipeline_async", "actors_only", "pipel
 TASKS = ("cartpole", "breakout", "pong", "halfcheetah")
 # The sizes a layout chooses, recorded on every row (what env_only shares with the pipeline).
 SIZES = ("num_actors", "num_envs", "env_batch_size", "env_threads", "rollouts_per_update")
-# The actors' per-step path (runtime/actor.py, ActorTimers; runtime/monitor.py STEP_SPLIT), in
-# the order a step takes it: cumulative seconds summed over the actor threads.
-STEP_SPLIT = ("env_recv_s", "h2d_s", "inference_s", "d2h_s", "env_send_s", "write_s")
 SYNC_NOTE = ("K=0 with sync EnvPool (env_batch_size=0: each recv is all num_envs envs), which "
              "K=0 has needed; other sizes as the layout's")
 # How long the pipeline may take to compile and make its first update before it is failed.
@@ -407,12 +405,11 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
 def window_profile(records: list[dict[str, Any]], num_actors: int) -> dict[str, Any]:
   """SPS and where the time went, between the first and last of `records` (a window).
 
-  The actors' split (`STEP_SPLIT`, then permit and queue-put waits, param fetches) is each
-  cumulative counter's growth over the window as a fraction of actor-thread wall time
-  (num_actors x window); `blocked_frac` is permit + queue put; `untimed_frac` is what the step
-  split leaves (Python between the timed calls). The actor times its waits for a ticket, the
-  queue and the params inside `write_s` as well, so blocked and param fetch are parts of write,
-  not additions to the split. A counter the records lack is None.
+  The actors' split (`STEP_SPLIT`, then the permit wait, the rollouts' placement and queueing,
+  param fetches) is each cumulative counter's growth over the window as a fraction of
+  actor-thread wall time (num_actors x window); `blocked_frac` is the permit wait (a queue put
+  never waits); `untimed_frac` is what all of them leave (Python between the timed calls): the
+  actor's `write_s` excludes the other three. A counter the records lack is None.
   """
   if len(records) < 2:
     return {"sps": None}
@@ -429,15 +426,15 @@ def window_profile(records: list[dict[str, Any]], num_actors: int) -> dict[str, 
   mean = lambda k: statistics.fmean(r.get(k) or 0.0 for r in records[1:])
   split = {k.removesuffix("_s") + "_frac": per_actor(k)
            for k in (*STEP_SPLIT, "permit_s", "queue_put_s", "param_fetch_s")}
-  waits = [split["permit_frac"], split["queue_put_frac"]]
   steps = [split[k.removesuffix("_s") + "_frac"] for k in STEP_SPLIT]
+  steps += [split["permit_frac"], split["queue_put_frac"], split["param_fetch_frac"]]
   queue_get = delta("queue_get_s")
   return {
       "sps": (b["env_steps"] - a["env_steps"]) / dt,
       "window_s": dt,
       "updates_per_s": (b["version"] - a["version"]) / dt,
       **split,
-      "blocked_frac": sum(waits) if None not in waits else None,
+      "blocked_frac": split["permit_frac"],
       "untimed_frac": 1.0 - sum(steps) if None not in steps else None,
       "actor_blocked_frac": mean("actor_blocked_frac"),
       "learner_idle_frac": mean("learner_idle_frac"),
