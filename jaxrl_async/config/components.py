@@ -1,56 +1,12 @@
-"""Frozen, validated configuration: one dataclass per component, one `TrainConfig` over them.
-
-Field names are the launcher's flag names, so every validation message can name the flag
-(`--num_envs=0: must be >= 1`). Each field carries its help text in `metadata["help"]`; the
-launcher builds its flags from these, so a field and its flag can never drift apart.
-Derived sizes are properties, never written back.
-"""
+"""The settings of each component a run is built from: envs, actors, rate control, network,
+learner, checkpoints, the distributed runtime and the run itself."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from typing import Any
 
-
-class ConfigError(ValueError):
-  """A bad configuration value, reported as one line that names the flag."""
-
-  def __init__(self, flag: str, value: Any, allowed: str):
-    self.flag, self.value, self.allowed = flag, value, allowed
-    super().__init__(f"--{flag}={value!r}: {allowed}")
-
-
-def _f(default: Any, help: str) -> Any:  # noqa: A002 - mirrors absl's argument name
-  if isinstance(default, list | dict):
-    raise TypeError("mutable defaults are not allowed in frozen configs")
-  return dataclasses.field(default=default, metadata={"help": help})
-
-
-def _check(ok: bool, flag: str, value: Any, allowed: str) -> None:
-  if not ok:
-    raise ConfigError(flag, value, allowed)
-
-
-def _positive(obj: Any, *names: str) -> None:
-  for name in names:
-    value = getattr(obj, name)
-    _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-           name, value, "must be an integer >= 1")
-
-
-def _unit_interval(obj: Any, *names: str, closed_low: bool = True) -> None:
-  for name in names:
-    value = getattr(obj, name)
-    ok = isinstance(value, int | float) and (0.0 <= value if closed_low else 0.0 < value)
-    _check(ok and value <= 1.0, name, value,
-           f"must be in {'[' if closed_low else '('}0, 1]")
-
-
-def _non_negative(obj: Any, *names: str) -> None:
-  for name in names:
-    value = getattr(obj, name)
-    _check(isinstance(value, int | float) and value >= 0, name, value, "must be >= 0")
+from jaxrl_async.config.algorithms import ALGO_CONFIGS
+from jaxrl_async.config.checks import _check, _f, _non_negative, _positive, _unit_interval
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,107 +137,6 @@ class LearnerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class ImpalaConfig:
-  learning_rate: float = _f(1e-3, "Adam learning rate.")
-  anneal_lr: bool = _f(False, "Anneal the learning rate linearly to 0 over total_env_steps.")
-  discount: float = _f(0.99, "Discount gamma.")
-  vtrace_lambda: float = _f(0.95, "V-trace lambda (trace cutting).")
-  clip_rho: float = _f(1.0, "V-trace rho clip for the value targets.")
-  clip_pg_rho: float = _f(1.0, "V-trace rho clip for the policy-gradient advantages.")
-  entropy_coef: float = _f(0.01, "Entropy bonus coefficient.")
-  value_coef: float = _f(0.5, "Value loss coefficient.")
-  max_grad_norm: float = _f(0.5, "Global gradient-norm clip.")
-  num_epochs: int = _f(1, "Passes over each batch (V-trace corrects the reuse).")
-  num_minibatches: int = _f(1, "Minibatches per epoch, split along the env axis.")
-  normalize_advantages: bool = _f(False, "Normalise policy-gradient advantages per minibatch.")
-  clip_eps: float = _f(0.0, "Ratio clip of the PPO surrogate (ppo; impala: APPO's clip on the "
-                       "V-trace advantage, 0 = IMPALA's plain policy gradient).")
-
-  def __post_init__(self):
-    _check(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be > 0")
-    _check(0 <= self.clip_eps < 1, "clip_eps", self.clip_eps, "must be in [0, 1)")
-    _unit_interval(self, "discount", "vtrace_lambda")
-    _check(self.clip_rho > 0, "clip_rho", self.clip_rho, "must be > 0")
-    _check(self.clip_pg_rho > 0, "clip_pg_rho", self.clip_pg_rho, "must be > 0")
-    _non_negative(self, "entropy_coef", "value_coef")
-    _check(self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "must be > 0")
-    _positive(self, "num_epochs", "num_minibatches")
-
-
-@dataclasses.dataclass(frozen=True)
-class PPOConfig:
-  learning_rate: float = _f(2.5e-4, "Adam learning rate.")
-  anneal_lr: bool = _f(True, "Anneal the learning rate linearly to 0 over total_env_steps.")
-  discount: float = _f(0.99, "Discount gamma.")
-  gae_lambda: float = _f(0.95, "GAE lambda.")
-  clip_eps: float = _f(0.2, "PPO ratio clip epsilon.")
-  anneal_clip: bool = _f(False, "Anneal the clip epsilon linearly to 0 with the learning rate.")
-  entropy_coef: float = _f(0.0, "Entropy bonus coefficient.")
-  value_coef: float = _f(0.5, "Value loss coefficient.")
-  clip_value: bool = _f(False, "Clip the value loss like the policy ratio.")
-  max_grad_norm: float = _f(0.5, "Global gradient-norm clip.")
-  num_epochs: int = _f(4, "Passes over each batch.")
-  num_minibatches: int = _f(4, "Minibatches per epoch: the update's transitions, shuffled, "
-                            "cut into this many.")
-  normalize_advantages: bool = _f(True, "Normalise advantages per minibatch.")
-  normalize_obs: bool = _f(False, "Running mean/var observation normalisation (MuJoCo).")
-  reward_scale: float = _f(1.0, "Rewards are multiplied by this for learning (episode "
-                           "statistics stay raw); keeps MuJoCo value losses O(1).")
-
-  def __post_init__(self):
-    _check(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be > 0")
-    _unit_interval(self, "discount", "gae_lambda")
-    _check(0 < self.clip_eps < 1, "clip_eps", self.clip_eps, "must be in (0, 1)")
-    _non_negative(self, "entropy_coef", "value_coef")
-    _check(self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "must be > 0")
-    _positive(self, "num_epochs", "num_minibatches")
-    _check(self.reward_scale > 0, "reward_scale", self.reward_scale, "must be > 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class DQNConfig:
-  learning_rate: float = _f(2.5e-4, "Adam learning rate.")
-  discount: float = _f(0.99, "Discount gamma.")
-  n_step: int = _f(3, "n-step return length.")
-  batch_size: int = _f(256, "Transitions per gradient step (all learner devices together).")
-  replay_size: int = _f(100_000, "Replay capacity in transitions (all learner devices together).")
-  min_replay_size: int = _f(5_000, "Transitions in replay before learning starts.")
-  samples_per_insert: float = _f(4.0, "Target reuse ratio: sampled per inserted transition.")
-  spi_tolerance: float = _f(0.5, "Allowed error of the reuse ratio, in samples per insert: "
-                            "the limiter's error buffer is spi_tolerance x min_replay_size "
-                            "sampled transitions (Acme's convention).")
-  target_update_every: int = _f(250, "Gradient steps between target copies (0: Polyak).")
-  target_tau: float = _f(0.005, "Polyak factor when target_update_every is 0.")
-  epsilon_start: float = _f(1.0, "Initial exploration epsilon.")
-  epsilon_end: float = _f(0.05, "Final exploration epsilon of env row 0 (the others lower).")
-  epsilon_decay_steps: int = _f(50_000, "Env steps over which epsilon decays.")
-  epsilon_alpha: float = _f(7.0, "Ape-X spread: env row i of N (all actors) explores with "
-                            "epsilon ** (1 + alpha i / (N - 1)); 0: every env alike.")
-  max_grad_norm: float = _f(10.0, "Global gradient-norm clip.")
-  huber_delta: float = _f(1.0, "Huber loss delta.")
-  double_q: bool = _f(True, "Double DQN targets.")
-  steps_per_dispatch: int = _f(1, "Gradient steps per compiled learner call (a lax.scan); "
-                               "params are published after each call.")
-
-  def __post_init__(self):
-    _check(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be > 0")
-    _unit_interval(self, "discount")
-    _positive(self, "n_step", "batch_size", "replay_size", "epsilon_decay_steps",
-              "steps_per_dispatch")
-    _non_negative(self, "min_replay_size", "target_update_every", "spi_tolerance")
-    _check(self.samples_per_insert > 0, "samples_per_insert", self.samples_per_insert,
-           "must be > 0")
-    _check(self.replay_size >= self.batch_size, "replay_size", self.replay_size,
-           f"must be >= --batch_size={self.batch_size} (one batch)")
-    _check(self.min_replay_size <= self.replay_size, "min_replay_size", self.min_replay_size,
-           f"must be <= --replay_size={self.replay_size}")
-    _unit_interval(self, "target_tau", "epsilon_start", "epsilon_end")
-    _non_negative(self, "epsilon_alpha")
-    _check(self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "must be > 0")
-    _check(self.huber_delta > 0, "huber_delta", self.huber_delta, "must be > 0")
-
-
-@dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
   checkpoint_every_s: float = _f(120.0, "Seconds between checkpoints; 0 disables the timer.")
   checkpoint_every_updates: int = _f(0, "Versions between checkpoints; 0 disables.")
@@ -404,89 +259,5 @@ class RunConfig:
            "must be none, tensorboard or wandb")
 
 
-ALGO_CONFIGS: dict[str, type] = {"impala": ImpalaConfig, "ppo": PPOConfig, "dqn": DQNConfig}
 COMPONENTS = (EnvConfig, ActorConfig, RateConfig, NetworkConfig, LearnerConfig, CheckpointConfig,
               DistributedConfig, RunConfig)
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  """The whole run. Built from a flat {flag: value} mapping by `from_flat`."""
-
-  env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
-  actor: ActorConfig = dataclasses.field(default_factory=ActorConfig)
-  rate: RateConfig = dataclasses.field(default_factory=RateConfig)
-  network: NetworkConfig = dataclasses.field(default_factory=NetworkConfig)
-  learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
-  algo: Any = dataclasses.field(default_factory=ImpalaConfig)
-  checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
-  distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
-  run: RunConfig = dataclasses.field(default_factory=RunConfig)
-
-  def __post_init__(self):
-    expected = ALGO_CONFIGS.get(self.learner.algo)
-    _check(expected is not None and isinstance(self.algo, expected), "algo", self.learner.algo,
-           f"needs its config class {getattr(expected, '__name__', '?')}")
-    per_device, rem = divmod(self.env.num_envs, self.learner.learner_devices)
-    _check(rem == 0, "num_envs", self.env.num_envs,
-           f"must be divisible by --learner_devices={self.learner.learner_devices}")
-    minibatches = getattr(self.algo, "num_minibatches", 1)
-    local_envs = per_device * self.rate.rollouts_per_update
-    _check(local_envs % minibatches == 0, "num_minibatches", minibatches,
-           f"must divide the envs per learner device per update ({local_envs})")
-    # NOTE: DQN learns from a replay, where a sample's lag at the update is not one rollout's;
-    # weighting it would need per-sample versions in the replay.
-    _check(self.rate.lag_weighting == "off" or self.learner.algo in ("impala", "ppo"),
-           "lag_weighting", self.rate.lag_weighting,
-           f"is for the on-policy algorithms (impala, ppo), not --algo={self.learner.algo}")
-    if self.distributed.enabled:
-      _check(self.learner.algo in ("impala", "ppo"), "algo", self.learner.algo,
-             "multi-process training supports the on-policy algorithms (impala, ppo) only")
-
-  @property
-  def env_steps_per_rollout(self) -> int:
-    return self.actor.rollout_len * self.env.num_envs
-
-  @property
-  def env_steps_per_update(self) -> int:
-    return self.env_steps_per_rollout * self.rate.rollouts_per_update
-
-  @staticmethod
-  def flag_fields(algo: str | None = None) -> dict[str, dataclasses.Field]:
-    """Every flag-settable field by name (the algorithm's too, when `algo` is given)."""
-    classes = list(COMPONENTS) + ([ALGO_CONFIGS[algo]] if algo else list(ALGO_CONFIGS.values()))
-    out: dict[str, dataclasses.Field] = {}
-    for cls in classes:
-      for f in dataclasses.fields(cls):
-        out.setdefault(f.name, f)
-    return out
-
-  @classmethod
-  def from_flat(cls, values: dict[str, Any]) -> TrainConfig:
-    """Routes each {flag: value} to the component that owns it; unknown names are errors."""
-    algo = values.get("algo", LearnerConfig.algo)
-    _check(algo in ALGO_CONFIGS, "algo", algo, f"must be one of {', '.join(ALGO_CONFIGS)}")
-    parts: dict[str, dict[str, Any]] = {}
-    owners = {f.name: key for key, c in _component_keys(algo) for f in dataclasses.fields(c)}
-    for name, value in values.items():
-      if name not in owners:
-        raise ConfigError(name, value, f"is not a setting of algorithm {algo!r}")
-      parts.setdefault(owners[name], {})[name] = value
-    built = {key: c(**parts.get(key, {})) for key, c in _component_keys(algo)}
-    return cls(**built)
-
-  def to_flat(self) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, _ in _component_keys(self.learner.algo):
-      out.update(dataclasses.asdict(getattr(self, key)))
-    return out
-
-  def to_json(self) -> str:
-    return json.dumps(self.to_flat(), sort_keys=True)
-
-
-def _component_keys(algo: str) -> list[tuple[str, type]]:
-  return [("env", EnvConfig), ("actor", ActorConfig), ("rate", RateConfig),
-          ("network", NetworkConfig), ("learner", LearnerConfig), ("algo", ALGO_CONFIGS[algo]),
-          ("checkpoint", CheckpointConfig), ("distributed", DistributedConfig),
-          ("run", RunConfig)]

@@ -1,0 +1,119 @@
+"""Frozen, validated configuration: one dataclass per component, one `TrainConfig` over them.
+
+Field names are the launcher's flag names, so every validation message can name the flag
+(`--num_envs=0: must be >= 1`). Each field carries its help text in `metadata["help"]`; the
+launcher builds its flags from these, so a field and its flag can never drift apart.
+Derived sizes are properties, never written back. The rooms: `checks` (declaring and checking
+a field), `components` (envs, actors, rate, network, learner, checkpoints, distributed, run),
+`algorithms` (each algorithm's settings); `TrainConfig` here joins them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from jaxrl_async.config.algorithms import ALGO_CONFIGS, DQNConfig, ImpalaConfig, PPOConfig
+from jaxrl_async.config.checks import ConfigError, _check
+from jaxrl_async.config.components import (
+  CLUSTER_DETECTION,
+  COMPONENTS,
+  LAG_WEIGHTINGS,
+  ActorConfig,
+  CheckpointConfig,
+  DistributedConfig,
+  EnvConfig,
+  LearnerConfig,
+  NetworkConfig,
+  RateConfig,
+  RunConfig,
+)
+
+__all__ = ["ALGO_CONFIGS", "CLUSTER_DETECTION", "COMPONENTS", "LAG_WEIGHTINGS", "ActorConfig",
+           "CheckpointConfig", "ConfigError", "DQNConfig", "DistributedConfig", "EnvConfig",
+           "ImpalaConfig", "LearnerConfig", "NetworkConfig", "PPOConfig", "RateConfig",
+           "RunConfig", "TrainConfig"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """The whole run. Built from a flat {flag: value} mapping by `from_flat`."""
+
+  env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+  actor: ActorConfig = dataclasses.field(default_factory=ActorConfig)
+  rate: RateConfig = dataclasses.field(default_factory=RateConfig)
+  network: NetworkConfig = dataclasses.field(default_factory=NetworkConfig)
+  learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
+  algo: Any = dataclasses.field(default_factory=ImpalaConfig)
+  checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+  distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
+  run: RunConfig = dataclasses.field(default_factory=RunConfig)
+
+  def __post_init__(self):
+    expected = ALGO_CONFIGS.get(self.learner.algo)
+    _check(expected is not None and isinstance(self.algo, expected), "algo", self.learner.algo,
+           f"needs its config class {getattr(expected, '__name__', '?')}")
+    per_device, rem = divmod(self.env.num_envs, self.learner.learner_devices)
+    _check(rem == 0, "num_envs", self.env.num_envs,
+           f"must be divisible by --learner_devices={self.learner.learner_devices}")
+    minibatches = getattr(self.algo, "num_minibatches", 1)
+    local_envs = per_device * self.rate.rollouts_per_update
+    _check(local_envs % minibatches == 0, "num_minibatches", minibatches,
+           f"must divide the envs per learner device per update ({local_envs})")
+    # NOTE: DQN learns from a replay, where a sample's lag at the update is not one rollout's;
+    # weighting it would need per-sample versions in the replay.
+    _check(self.rate.lag_weighting == "off" or self.learner.algo in ("impala", "ppo"),
+           "lag_weighting", self.rate.lag_weighting,
+           f"is for the on-policy algorithms (impala, ppo), not --algo={self.learner.algo}")
+    if self.distributed.enabled:
+      _check(self.learner.algo in ("impala", "ppo"), "algo", self.learner.algo,
+             "multi-process training supports the on-policy algorithms (impala, ppo) only")
+
+  @property
+  def env_steps_per_rollout(self) -> int:
+    return self.actor.rollout_len * self.env.num_envs
+
+  @property
+  def env_steps_per_update(self) -> int:
+    return self.env_steps_per_rollout * self.rate.rollouts_per_update
+
+  @staticmethod
+  def flag_fields(algo: str | None = None) -> dict[str, dataclasses.Field]:
+    """Every flag-settable field by name (the algorithm's too, when `algo` is given)."""
+    classes = list(COMPONENTS) + ([ALGO_CONFIGS[algo]] if algo else list(ALGO_CONFIGS.values()))
+    out: dict[str, dataclasses.Field] = {}
+    for cls in classes:
+      for f in dataclasses.fields(cls):
+        out.setdefault(f.name, f)
+    return out
+
+  @classmethod
+  def from_flat(cls, values: dict[str, Any]) -> TrainConfig:
+    """Routes each {flag: value} to the component that owns it; unknown names are errors."""
+    algo = values.get("algo", LearnerConfig.algo)
+    _check(algo in ALGO_CONFIGS, "algo", algo, f"must be one of {', '.join(ALGO_CONFIGS)}")
+    parts: dict[str, dict[str, Any]] = {}
+    owners = {f.name: key for key, c in _component_keys(algo) for f in dataclasses.fields(c)}
+    for name, value in values.items():
+      if name not in owners:
+        raise ConfigError(name, value, f"is not a setting of algorithm {algo!r}")
+      parts.setdefault(owners[name], {})[name] = value
+    built = {key: c(**parts.get(key, {})) for key, c in _component_keys(algo)}
+    return cls(**built)
+
+  def to_flat(self) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, _ in _component_keys(self.learner.algo):
+      out.update(dataclasses.asdict(getattr(self, key)))
+    return out
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_flat(), sort_keys=True)
+
+
+def _component_keys(algo: str) -> list[tuple[str, type]]:
+  return [("env", EnvConfig), ("actor", ActorConfig), ("rate", RateConfig),
+          ("network", NetworkConfig), ("learner", LearnerConfig), ("algo", ALGO_CONFIGS[algo]),
+          ("checkpoint", CheckpointConfig), ("distributed", DistributedConfig),
+          ("run", RunConfig)]
