@@ -100,7 +100,7 @@ def choose(mode: str, values: Mapping[str, Any], explicit: set[str] | frozenset[
 
   `explicit` names the settings given as flags: those are never changed.
   """
-  from jaxrl_async.config import ConfigError, EnvConfig, LearnerConfig, RateConfig
+  from jaxrl_async.config import ConfigError, RateConfig
 
   if mode not in LAYOUTS:
     raise ConfigError("layout", mode, f"must be one of {', '.join(LAYOUTS)}")
@@ -122,12 +122,12 @@ def choose(mode: str, values: Mapping[str, Any], explicit: set[str] | frozenset[
     else:
       out[name] = value
       chosen.append(name)
-  envs = int(out.get("num_envs", EnvConfig.num_envs))
+  envs = int(out.get("num_envs", _default("num_envs")))
   if "env_batch_size" in chosen and "num_envs" in explicit and out["env_batch_size"] > envs // 2:
     out["env_batch_size"] = envs // 2 if envs >= 2 else 0  # async halves of the given envs
     why.append(f"env_batch_size={out['env_batch_size']}: half of the --num_envs={envs} given")
   if "rollouts_per_update" not in explicit and "rollouts_per_update" not in values:
-    n = int(out.get("num_actors", 2))
+    n = int(out.get("num_actors", _default("num_actors")))
     batch = int(out.get("env_batch_size", 0))
     async_envs = 0 < batch < envs
     u = out["rollouts_per_update"] = rollouts_per_update(n, lag, free, async_envs)
@@ -136,15 +136,19 @@ def choose(mode: str, values: Mapping[str, Any], explicit: set[str] | frozenset[
       each = " (async EnvPool: 2 rollouts each)" if async_envs else ""
       why.append(f"rollouts_per_update={u}: {n} actors{each} want more rollouts in flight than "
                  f"the K + 1 = {lag + 1} that one per update admits")
-  defaults = {"num_actors": 2, "num_envs": EnvConfig.num_envs, "env_batch_size": 0,
-              "env_threads": 0, "rollouts_per_update": 1,
-              "learner_devices": LearnerConfig.learner_devices}
-  sizes = {name: out.get(name, defaults[name]) for name in SIZE_FIELDS}
+  sizes = {name: out.get(name, _default(name)) for name in SIZE_FIELDS}
   return out, Layout(mode, host, sizes, tuple(chosen), tuple(why))
 
 
+def _default(name: str) -> Any:
+  """A setting's config default (what a run gets that neither a flag nor the preset sets)."""
+  from jaxrl_async.config import TrainConfig
+
+  return TrainConfig.flag_fields()[name].default
+
+
 def _auto(host: Host, values: Mapping[str, Any], sync: bool) -> tuple[dict[str, Any], list[str]]:
-  envs = int(values.get("num_envs", 16))
+  envs = int(values.get("num_envs", _default("num_envs")))
   if not host.accelerated:
     actors = 1 if sync else 2
     return {"num_actors": actors}, [

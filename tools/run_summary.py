@@ -17,12 +17,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tools.suites.convergence import read_records
+
 
 def summarize(run_dir: Path) -> dict[str, Any]:
   s = json.loads((run_dir / "summary.json").read_text())
   c = s["config"]
-  records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if line.strip()]
+  records = read_records(run_dir)
   window = records[1:-1] if len(records) > 2 else records
   mean = lambda key: sum(r.get(key, 0.0) for r in window) / max(len(window), 1)
   idle_steps = s.get("idle_env_steps", 0)

@@ -13,40 +13,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from tools.bench_common import seed_list
+from tools.suites.convergence import run_train
 
 
 def run_one(tree: Path, preset: str, seed: int, flags: dict[str, Any], cache: Path,
             run_dir: Path, timeout_s: float) -> dict[str, Any]:
-  """One training process in `tree` (its own package first on sys.path); its summary's figures."""
-  cmd = [sys.executable, "-m", "experiments.train", f"--preset={preset}", f"--seed={seed}",
-         f"--run_dir={run_dir}", f"--compilation_cache_dir={cache}", "--quiet",
-         "--checkpoint_at_end=false", "--checkpoint_every_s=0"]
-  cmd += [f"--{k}={v}" for k, v in flags.items()]
-  env = {**os.environ, "PYTHONPATH": str(tree), "TF_CPP_MIN_LOG_LEVEL": "3"}
-  load = os.getloadavg()[0]
-  t0 = time.perf_counter()
-  done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s)
-  row = {"process_wall_s": time.perf_counter() - t0, "loadavg_1m": load}
-  summary_path = run_dir / "summary.json"
-  if done.returncode != 0 or not summary_path.exists():
-    return row | {"error": " | ".join(done.stderr.strip().splitlines()[-2:])}
-  s = json.loads(summary_path.read_text())
-  timings = s.get("timings") or {}
-  start = timings.get("train_start_wall_s") or 0.0
-  return row | {k: s.get(k) for k in ("solved", "solved_wall_s", "solved_env_steps", "env_steps",
-                                      "dropped_stale", "idle_env_steps", "updates")} | {
-      "first_update_wall_s": timings.get("first_update_wall_s"),
-      "train_sps": s["env_steps"] / max(s["wall_s"] - start, 1e-9)}
+  """One training process of the checkout `tree` (its own package first on sys.path)."""
+  flags = {**flags, "compilation_cache_dir": cache, "checkpoint_at_end": False,
+           "checkpoint_every_s": 0}
+  return run_train(preset, seed, run_dir, flags, timeout_s, env={"PYTHONPATH": str(tree)},
+                   repo=tree)
 
 
 def main() -> int:

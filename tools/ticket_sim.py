@@ -32,9 +32,9 @@ def simulate(n: int, k: int, u: int, learner_s: float = 0.02, jitter: float = 0.
   busy, max_lag, t, learner_free = 0.0, 0, 0.0, True
 
   def start(i: int, now: float) -> bool:
-    if not c._may_start():
-      return False
     ticket = c.acquire(0)
+    if ticket is None:
+      return False
     length = 1.0 + jitter * (rng.random() - 0.5)
     heapq.heappush(events, (now + length, "made", i, ticket, c.version))
     heapq.heappush(events, (now + length * (1 - overlap), "want", i, None, None))

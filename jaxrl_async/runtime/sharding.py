@@ -71,19 +71,14 @@ def memory_kinds(mesh: Mesh) -> frozenset[str]:
   return _memory_kinds(tuple(mesh.devices.flat))
 
 
-@functools.lru_cache(maxsize=64)
-def _pinned_host_supported(devices: tuple[jax.Device, ...]) -> bool:
-  return (all(d.platform != "cpu" for d in devices)
-          and PINNED_HOST in _memory_kinds(devices))
-
-
 def pinned_host_supported(mesh: Mesh) -> bool:
   """Whether `put_batch` stages through pinned host memory on `mesh` by default: every device
   has a `pinned_host` memory and none is a CPU. (The CPU backend reports a `pinned_host` memory
   too, but there both kinds are the same RAM and staging is only an extra host copy; a
   `host_buffer` array on one CPU device is even aliased, zero-copy.) Cached per tuple of
-  devices."""
-  return _pinned_host_supported(tuple(mesh.devices.flat))
+  devices (through `memory_kinds`)."""
+  return (all(d.platform != "cpu" for d in mesh.devices.flat)
+          and PINNED_HOST in memory_kinds(mesh))
 
 
 def put_batch(tree: Any, mesh: Mesh, staged: bool | None = None) -> Any:

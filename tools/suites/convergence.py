@@ -43,15 +43,17 @@ def train_command(preset: str, seed: int, run_dir: Path, flags: dict[str, Any] |
 
 
 def run_train(preset: str, seed: int, run_dir: Path, flags: dict[str, Any] | None = None,
-              timeout_s: float = 600.0, env: dict[str, str] | None = None) -> dict[str, Any]:
-  """Runs one training process to the end; returns `read_run`'s row plus the process's own wall
-  time, or a row with `error` (exit status and the last lines of its output)."""
+              timeout_s: float = 600.0, env: dict[str, str] | None = None,
+              repo: Path = REPO) -> dict[str, Any]:
+  """Runs one training process of the checkout `repo` to the end; returns `read_run`'s row plus
+  the process's own wall time, or a row with `error` (exit status and the last lines of its
+  output)."""
   cmd = train_command(preset, seed, run_dir, flags)
   run_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
   load = os.getloadavg()[0]  # the machine is shared: a busy neighbour explains odd numbers
   t0 = time.perf_counter()
   try:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=REPO,
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=repo,
                           env=run_env)
   except subprocess.TimeoutExpired:
     return {"error": f"killed after {timeout_s:.0f}s", "command": " ".join(cmd[1:])}
@@ -115,6 +117,8 @@ def read_run(run_dir: Path) -> dict[str, Any]:
       "policy_lag_mean": lag_mean(s.get("lag_hist") or {}),
       "policy_lag_max": s.get("max_policy_lag_seen"),
       "dropped_stale": s.get("dropped_stale"),
+      "idle_env_steps": s.get("idle_env_steps"),
+      "updates": s.get("updates"),
       "learner_idle_frac": time_weighted(records, "learner_idle_frac"),
       **{k: timings.get(k) for k in ("import_s", "compile_init_s", "compile_policy_s",
                                      "compile_update_s", "train_start_wall_s",
