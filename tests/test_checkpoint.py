@@ -308,3 +308,126 @@ def test_checkpoint_replay_is_refused_for_on_policy_algorithms(tmp_path):
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and "--checkpoint_replay" in lines[0] and "ppo" in lines[0], r.stderr
   assert not (tmp_path / "metrics.jsonl").exists()
+
+
+# -- damaged checkpoints ------------------------------------------------------------------------
+
+
+def _three_checkpoints(run_dir: Path) -> tuple[object, dict]:
+  """Checkpoints 10, 20, 30 of a small IMPALA state, params shifted by the version so that each
+  is told apart; returns the abstract state and the saved states by version."""
+  config = small_config()
+  trainer = Trainer(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True)
+  initial = trainer._init_state()
+  ck = Checkpointer(run_dir, use_async=False)
+  saved = {}
+  for v in (10, 20, 30):
+    saved[v] = initial.replace(params=jax.tree.map(lambda x, v=v: x + v, initial.params))
+    ck.save(v, saved[v], {"version": v, "counters": {"env_steps": 64 * v},
+                          "config": config.to_flat()})
+  ck.close()
+  return trainer._abstract_state(), saved
+
+
+def _files(step: Path) -> list[Path]:
+  return sorted(p for p in step.rglob("*") if p.is_file())
+
+
+def _zero_all(step: Path) -> None:  # what a full disk or a bad copy leaves
+  for p in _files(step):
+    p.write_bytes(b"\0" * p.stat().st_size)
+
+
+def _truncate_all(step: Path) -> None:
+  for p in _files(step):
+    p.write_bytes(p.read_bytes()[:p.stat().st_size // 2])
+
+
+def _truncate_array_data(step: Path) -> None:  # the JSON files stay whole: only decoding fails
+  for p in _files(step / "state"):
+    if p.parent.name == "d":
+      p.write_bytes(p.read_bytes()[:p.stat().st_size // 2])
+
+
+def _remove_largest_array_file(step: Path) -> None:
+  max((p for p in _files(step / "state") if p.parent.name == "d"),
+      key=lambda p: p.stat().st_size).unlink()
+
+
+def _remove_meta(step: Path) -> None:
+  (step / "meta" / "metadata").unlink()
+
+
+@pytest.mark.parametrize("damage", [_zero_all, _truncate_all, _truncate_array_data,
+                                    _remove_largest_array_file, _remove_meta])
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before_it(tmp_path, damage, caplog):
+  abstract, saved = _three_checkpoints(tmp_path)
+  damage(tmp_path / "checkpoints" / "30")
+  ck = Checkpointer(tmp_path, use_async=False)
+  assert ck.resume_candidates() == [30, 20, 10]
+  assert ck.newest_readable_version() == ck.latest_version() == 20
+  assert ck.read_meta()["version"] == 20  # what validate checks compatibility against
+  assert "checkpoint 30" in caplog.text and "does not restore" in caplog.text
+  assert list(ck.skipped) == [30] and ck.problem(20) is None
+
+  state, meta = ck.restore(abstract)
+  assert meta["version"] == 20 and meta["counters"]["env_steps"] == 64 * 20
+  assert_trees_equal(state, saved[20])
+  # The damaged one is set aside, so the resumed run can save version 30 again.
+  assert (tmp_path / "checkpoints_damaged" / "30").is_dir()
+  assert ck.resume_candidates() == [20, 10]
+  ck.save(30, saved[30], {"version": 30, "counters": {"env_steps": 64 * 30}})
+  ck.wait()
+  assert ck.restore(abstract)[1]["version"] == 30
+  ck.close()
+
+
+def test_with_no_checkpoint_that_restores_the_error_names_the_run_dir(tmp_path):
+  abstract, _ = _three_checkpoints(tmp_path)
+  for v in (10, 20, 30):
+    _zero_all(tmp_path / "checkpoints" / str(v))
+  ck = Checkpointer(tmp_path)
+  for call in (ck.newest_readable_version, ck.read_meta, lambda: ck.restore(abstract)):
+    with pytest.raises(ConfigError, match=f"--run_dir='{tmp_path}': none of its 3 checkpoints "
+                       "restores \\(the newest, 30: "):
+      call()
+  assert not (tmp_path / "checkpoints_damaged").exists()  # nothing is moved without a resume
+  assert ck.resume_candidates() == [30, 20, 10]
+
+
+def test_an_explicit_damaged_version_is_refused_not_replaced(tmp_path):
+  abstract, _ = _three_checkpoints(tmp_path)
+  _remove_meta(tmp_path / "checkpoints" / "20")
+  ck = Checkpointer(tmp_path)
+  with pytest.raises(ConfigError, match="its checkpoint 20 does not restore: meta/metadata is"):
+    ck.read_meta(20)
+  assert ck.read_meta()["version"] == 30 and ck.read_meta(10)["version"] == 10
+
+
+def test_resume_from_a_run_whose_newest_checkpoint_is_zeroed(tmp_path):
+  # Three checkpoints (20, 40, 60) of a real run; the newest zeroed as a full disk leaves it.
+  # (Both sessions through the launcher: it sets the PRNG the keys are saved with.)
+  train = [sys.executable, "-m", "experiments.train", f"--run_dir={tmp_path}", "--quiet",
+           "--num_envs=8", "--rollout_len=8", "--hidden_sizes=16,16", "--stop_at_return=nan",
+           "--checkpoint_every_s=0", "--checkpoint_every_updates=20", "--checkpoint_at_end"]
+  r = subprocess.run([*train, f"--total_env_steps={60 * 64}"], cwd=ROOT, env=ENV,
+                     capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert Checkpointer(tmp_path).resume_candidates() == [60, 40, 20]
+  _zero_all(tmp_path / "checkpoints" / "60")
+  resume = [*train, "--resume", f"--total_env_steps={70 * 64}"]
+  r = subprocess.run(resume, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "checkpoint 60" in r.stderr and "skipped" in r.stderr
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert summary["resumed_from_version"] == 40 and summary["version"] == 70
+  assert Checkpointer(tmp_path).resume_candidates()[0] == 70
+
+  # With every checkpoint damaged: one line naming the run dir, exit status 2.
+  for step in (tmp_path / "checkpoints").iterdir():
+    _zero_all(step)
+  r = subprocess.run(resume, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2, r.stderr[-3000:]
+  last = r.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"train: --run_dir='{tmp_path}': none of its") and "restores" in last
+  assert "Traceback" not in r.stderr
