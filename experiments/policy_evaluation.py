@@ -10,8 +10,12 @@
         --coordinator=10.0.0.1:5555 -- --tol=1e-6        # nodes on other machines, CURVE
     python -m experiments.policy_evaluation --runtime=processes --nodes=4 --tol=1e-6 --curve \
         --hosts=127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4   # CURVE on loopback too
-    python -m experiments.policy_evaluation --nodes=8 --samples=12800 --shards=80 \
-        --stragglers=1 --allocation=speed --weights=speed --alpha=40 --tol=1e-6
+    python -m experiments.policy_evaluation --nodes=8 --stragglers=1 --tol=1e-6
+        # one node 10x slower, found by measurement: its shards and weights follow
+    python -m experiments.policy_evaluation --nodes=8 --stragglers=1 --straggler_after=5e4
+        # the same node slows down mid-run
+    python -m experiments.policy_evaluation --runtime=processes --nodes=4 --tol=1e-6 \
+        --drop_prob=0.3 --link_delay_ms=2 --delay_dist=exponential  # lossy, reordering links
 
 Every setting is a flag (help text from `jaxrl_async.decentralized.config`). Runs until every
 node's relative error is below --tol or a budget is spent, prints progress, and writes
@@ -55,6 +59,11 @@ def progress_printer(quiet: bool, clock: str):
   last = [0.0]
 
   def show(record: dict) -> None:
+    if "event" in record:  # a re-plan or a step back-off: always shown, it changes the run
+      info = {k: v for k, v in record.items() if k not in ("event", "k", "time")}
+      print(f"k={record.get('k', 0):>10d} {clock}={record['time']:>12.1f} {record['event']}: "
+            f"{json.dumps(info)}", flush=True)
+      return
     if quiet or time.monotonic() - last[0] < 1.0:
       return
     last[0] = time.monotonic()
@@ -96,8 +105,8 @@ def main(argv: list[str]) -> int:
   clock = "wall_s" if config.runtime == "processes" else "virtual_time"
   print(f"policy_evaluation: {problem.name}, {config.topology} graph, mode={config.mode}, "
         f"runtime={config.runtime}{_placement(config)}, N={config.nodes}, alpha={config.alpha}, "
-        f"beta={config.beta}, {problem.shards} shards ({config.allocation}), "
-        f"{config.weights} weights, rows per node "
+        f"beta={config.beta}, pull_lag={config.pull_lag}, {problem.shards} shards "
+        f"({config.allocation} allocation), {config.weights} weights, rows per node "
         f"{problem.count.tolist()} -> {run_dir}", flush=True)
   writer = experiment.MetricsWriter(run_dir / "metrics.jsonl")
   show = progress_printer(_QUIET.value, clock)

@@ -26,10 +26,16 @@ def run_cli(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
     (["--alpha=0"], "--alpha=0.0: must be a number > 0"),
     (["--stragglers=5", "--nodes=4"], "--stragglers=5: must be <= --nodes=4"),
     (["--nodes=two"], "--nodes"),
-    (["--nodes=8", "--shards=4"], "--shards=4: must be 0 or >= --nodes=8"),
+    (["--nodes=8", "--shards=4"], "--shards=4: must be -1, 0 or >= --nodes=8"),
+    (["--shards=-2"], "--shards=-2: must be an integer >= -1"),
     (["--shards=2000", "--samples=1600"], "--shards=2000: larger than the data"),
-    (["--split=multi_agent", "--allocation=speed"], "--allocation='speed': must be uniform"),
-    (["--weights=fast"], "--weights='fast': must be one of uniform, speed"),
+    (["--split=multi_agent", "--allocation=speed"],
+     "--allocation='speed': must be uniform or measured"),
+    (["--weights=fast"], "--weights='fast': must be one of uniform, speed, measured"),
+    (["--straggler_after=5", "--straggler_until=3"], "--straggler_until=3.0: must be 0 (never)"),
+    (["--max_backoffs=-1"], "--max_backoffs=-1: must be an integer >= 0"),
+    (["--link_delay_ms=2"], "--link_delay_ms=2.0: needs --runtime=processes"),
+    (["--runtime=processes", "--link_delay_ms=-1"], "--link_delay_ms=-1.0: must be a number"),
 ])
 def test_bad_input_exits_2_with_one_line_naming_the_flag(args, needle, tmp_path):
   out = run_cli(*args, f"--run_dir={tmp_path / 'run'}")
@@ -41,7 +47,7 @@ def test_bad_input_exits_2_with_one_line_naming_the_flag(args, needle, tmp_path)
 
 def test_divergent_steps_exit_1_naming_the_step_flags(tmp_path):
   out = run_cli("--alpha=5000", "--samples=240", "--features=8", "--states=20", "--quiet",
-                f"--run_dir={tmp_path}")
+                "--max_backoffs=0", f"--run_dir={tmp_path}")
   assert out.returncode == 1
   assert "--alpha and/or --beta" in out.stderr
 

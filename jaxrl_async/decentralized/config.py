@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jaxrl_async.decentralized.adaptive import MODES as FOLLOW
 from jaxrl_async.decentralized.graphs import TOPOLOGIES
-from jaxrl_async.decentralized.problem import ALLOCATIONS, SPLITS
+from jaxrl_async.decentralized.problem import SPLITS
 from jaxrl_async.decentralized.schedule import DELAY_DISTS
 from jaxrl_async.decentralized.transport import is_loopback, parse_endpoint, parse_hosts
 
@@ -19,8 +20,13 @@ DATA = ("random_mdp", "mountain_car")
 MODES = ("async", "sync", "centralized")
 RUNTIMES = ("simulated", "processes")
 SAMPLINGS = ("uniform", "cyclic")
-WEIGHTS = ("uniform", "speed")
 DEFAULT_FEATURES = {"random_mdp": 20, "mountain_car": 300}
+# Default data sizes. random_mdp: 12800 rows make 80 shards of 160 rows (--shards=-1), fine
+# enough for the allocation to give a 10x straggler one shard and the others 11-12, and coarse
+# enough for every shard's C_s to be well conditioned (measured: lambda_min 3.0e-3 at 160 rows,
+# 4.5e-5 at 40). mountain_car: 1600 transitions, as before.
+DEFAULT_SAMPLES = {"random_mdp": 12800, "mountain_car": 1600}
+SHARD_ROWS = 160  # --shards=-1: shards of at least this many rows (see DEFAULT_SAMPLES)
 
 
 class ConfigError(ValueError):
@@ -54,16 +60,22 @@ class PolicyEvalConfig:
   data: str = _f("random_mdp", f"Data source: {', '.join(DATA)}.")
   split: str = _f("parallel", "parallel: the --samples transitions are divided among the nodes; "
                   "multi_agent: every node holds them all, with its own local rewards.")
-  samples: int = _f(1600, "Transitions in total (parallel) or shared by all nodes (multi_agent).")
-  shards: int = _f(0, "--split=parallel: cut the transitions into this many equal shards, each "
+  samples: int = _f(0, "Transitions in total (parallel) or shared by all nodes (multi_agent); "
+                    "0: the data's default (random_mdp 12800, mountain_car 1600).")
+  shards: int = _f(-1, "--split=parallel: cut the transitions into this many equal shards, each "
                    "with its own dual; a node holds whole shards. theta* depends on the shards, "
-                   "not on which node holds them. 0 means one shard per node.")
-  allocation: str = _f("uniform", "How the shards are spread over the nodes: uniform, or speed "
-                       "(in proportion to each node's speed, 1 / slowdown, so every node passes "
-                       "over its rows in about the same time; needs --shards well above --nodes).")
-  weights: str = _f("uniform", "Pull/push weights: uniform over a node's neighbours and itself, "
-                    "or speed (in proportion to each node's speed, 1 / slowdown: a slow node's "
-                    "stale copy counts less, and less tracker mass waits at a slow node).")
+                   "not on which node holds them. 0: one shard per node (nothing can move); "
+                   f"-1: N * floor(samples / (N * {SHARD_ROWS})), at least N (shards of "
+                   f"{SHARD_ROWS}+ rows, the same count for every N that divides it).")
+  allocation: str = _f("measured", "How the shards are spread over the nodes: uniform; speed "
+                       "(in proportion to the declared speeds, 1 / --straggler_slowdown); "
+                       "measured (in proportion to speeds measured online from each node's "
+                       "activation intervals, re-planned during the run when they change; "
+                       "simulated async only, else uniform). Needs --shards well above --nodes.")
+  weights: str = _f("measured", "Pull/push weights: uniform over a node's neighbours and "
+                    "itself; speed (in proportion to the declared speeds); measured (to the "
+                    "speeds measured online, as --allocation). A slow node's stale copy counts "
+                    "less, and less tracker mass waits at a slow node.")
   features: int = _f(0, "Feature dimension d; 0 means the data's default (random_mdp 20, "
                      "mountain_car 300).")
   states: int = _f(50, "States of the random MDP.")
@@ -71,7 +83,7 @@ class PolicyEvalConfig:
   rho: float = _f(0.01, "Ridge coefficient rho of the MSPBE.")
   alpha: float = _f(20.0, "Primal step per pass over a node's rows (node i steps alpha / M_i).")
   beta: float = _f(160.0, "Dual step per pass over a node's rows (node i steps beta / M_i).")
-  pull_lag: float = _f(0.0, "Async: multiply node i's primal step by 1 + (1 - a_ii) * this, to "
+  pull_lag: float = _f(2.0, "Async: multiply node i's primal step by 1 + (1 - a_ii) * this, to "
                        "make up for the pull's averaging with in-neighbours' copies that are "
                        "this many activations behind (1.5-2 measured best with equal node "
                        "speeds; the same value for every N); 0: off.")
@@ -80,12 +92,24 @@ class PolicyEvalConfig:
   runtime: str = _f("simulated", f"Where nodes run: {', '.join(RUNTIMES)}.")
   stragglers: int = _f(0, "How many nodes are slow (nodes 0..k-1).")
   straggler_slowdown: float = _f(10.0, "How many times slower a straggler computes.")
+  straggler_after: float = _f(0.0, "Stragglers are slow from this time on (virtual time, or "
+                              "wall seconds after the start with --runtime=processes): a node "
+                              "that becomes slow mid-run. 0: from the start.")
+  straggler_until: float = _f(0.0, "Stragglers recover at this time (same units); 0: never.")
+  max_backoffs: int = _f(12, "When the worst error grows 10x above its lowest (or stops being "
+                         "finite), halve every step (and, simulated, go back to that lowest "
+                         "point), at most this many times, each logged; 0: stop with an error "
+                         "naming --alpha and --beta instead.")
   compute_time: float = _f(1.0, "Simulated: mean time of one activation (virtual units).")
   compute_jitter: float = _f(0.1, "Simulated: activation times uniform in mean * [1 -/+ this].")
   delay: float = _f(0.2, "Simulated: mean link delay (virtual units).")
   delay_dist: str = _f("uniform", f"Simulated: link delay law: {', '.join(DELAY_DISTS)}.")
   drop_prob: float = _f(0.0, "Probability a message is lost (async only; the running sums of "
-                        "the push channel make later messages carry the lost mass).")
+                        "the push channel make later messages carry the lost mass). With "
+                        "--runtime=processes the sender drops it before the socket.")
+  link_delay_ms: float = _f(0.0, "--runtime=processes: mean delay in milliseconds injected into "
+                            "every message on its way to the socket, drawn from --delay_dist; "
+                            "messages overtake each other. 0: none.")
   tol: float = _f(1e-10, "Stop when every node's ||theta_i - theta*|| / ||theta*|| is below this.")
   max_updates: int = _f(20_000_000, "Budget: node activations k in total.")
   max_time: float = _f(0.0, "Budget: virtual time (simulated); 0 means none.")
@@ -110,19 +134,22 @@ class PolicyEvalConfig:
                     "run's results is refused unless --overwrite.")
 
   def __post_init__(self):
-    for name in ("nodes", "out_degree", "samples", "states", "max_updates"):
+    for name in ("nodes", "out_degree", "states", "max_updates"):
       value = getattr(self, name)
       if not (_is_int(value) and value >= 1):
         raise ConfigError(name, value, "must be an integer >= 1")
-    for name in ("features", "stragglers", "seed", "shards"):
+    for name in ("features", "stragglers", "seed", "samples", "max_backoffs"):
       value = getattr(self, name)
       if not (_is_int(value) and value >= 0):
         raise ConfigError(name, value, "must be an integer >= 0")
+    if not (_is_int(self.shards) and self.shards >= -1):
+      raise ConfigError("shards", self.shards, "must be an integer >= -1 (-1: automatic, 0: one "
+                        "per node)")
     self._choice("topology", TOPOLOGIES)
     self._choice("data", DATA)
     self._choice("split", SPLITS)
-    self._choice("allocation", ALLOCATIONS)
-    self._choice("weights", WEIGHTS)
+    self._choice("allocation", FOLLOW)
+    self._choice("weights", FOLLOW)
     self._choice("sampling", SAMPLINGS)
     self._choice("mode", MODES)
     self._choice("runtime", RUNTIMES)
@@ -134,12 +161,16 @@ class PolicyEvalConfig:
       value = getattr(self, name)
       if not (_is_num(value) and value > 0):
         raise ConfigError(name, value, "must be a number > 0")
-    for name in ("delay", "max_time", "pull_lag"):
+    for name in ("delay", "max_time", "pull_lag", "straggler_after", "straggler_until",
+                 "link_delay_ms"):
       value = getattr(self, name)
       if not (_is_num(value) and value >= 0):
         raise ConfigError(name, value, "must be a number >= 0")
     if not (_is_num(self.straggler_slowdown) and self.straggler_slowdown >= 1):
       raise ConfigError("straggler_slowdown", self.straggler_slowdown, "must be a number >= 1")
+    if self.straggler_until and not self.straggler_until > self.straggler_after:
+      raise ConfigError("straggler_until", self.straggler_until,
+                        f"must be 0 (never) or > --straggler_after={self.straggler_after}")
     if self.stragglers > self.nodes:
       raise ConfigError("stragglers", self.stragglers,
                         f"must be <= --nodes={self.nodes}")
@@ -148,21 +179,23 @@ class PolicyEvalConfig:
                         f"must be in [1, {self.nodes - 1}] for --nodes={self.nodes}")
     if (self.topology == "custom") != bool(self.edges):
       raise ConfigError("edges", self.edges, "must be given exactly when --topology=custom")
-    if self.split == "parallel" and self.nodes > self.samples:
-      raise ConfigError("nodes", self.nodes, f"larger than the data (--samples={self.samples}); "
-                        "with --split=parallel each node needs at least one transition")
-    if self.shards and self.split == "parallel" and self.shards < self.nodes:
-      raise ConfigError("shards", self.shards, f"must be 0 or >= --nodes={self.nodes} (every "
-                        "node holds at least one shard)")
-    if self.split == "parallel" and self.shards > self.samples:
-      raise ConfigError("shards", self.shards, f"larger than the data (--samples={self.samples})"
-                        "; each shard needs at least one transition")
-    if self.split == "multi_agent" and self.shards not in (0, self.nodes):
+    if self.split == "parallel" and self.nodes > self.n_samples:
+      raise ConfigError("nodes", self.nodes, f"larger than the data (--samples="
+                        f"{self.n_samples}); with --split=parallel each node needs at least one "
+                        "transition")
+    if self.shards > 0 and self.split == "parallel" and self.shards < self.nodes:
+      raise ConfigError("shards", self.shards, f"must be -1, 0 or >= --nodes={self.nodes} "
+                        "(every node holds at least one shard)")
+    if self.split == "parallel" and self.shards > self.n_samples:
+      raise ConfigError("shards", self.shards, f"larger than the data (--samples="
+                        f"{self.n_samples}); each shard needs at least one transition")
+    if self.split == "multi_agent" and self.shards not in (-1, 0, self.nodes):
       raise ConfigError("shards", self.shards, "must be 0 with --split=multi_agent (each node's "
                         "data carries its own rewards and cannot be resharded)")
-    if self.split == "multi_agent" and self.allocation != "uniform":
-      raise ConfigError("allocation", self.allocation, "must be uniform with "
-                        "--split=multi_agent (each node's data carries its own rewards)")
+    if self.split == "multi_agent" and self.allocation == "speed":
+      raise ConfigError("allocation", self.allocation, "must be uniform or measured with "
+                        "--split=multi_agent (each node's data carries its own rewards; "
+                        "measured then moves nothing)")
     if self.mode == "sync" and self.drop_prob > 0:
       raise ConfigError("drop_prob", self.drop_prob,
                         "must be 0 with --mode=sync (a synchronous round waits for every message)")
@@ -172,9 +205,9 @@ class PolicyEvalConfig:
     if self.runtime == "processes" and self.mode == "sync":
       raise ConfigError("runtime", self.runtime,
                         "processes runs --mode=async only; the sync baseline is simulated")
-    if self.runtime == "processes" and self.drop_prob > 0:
-      raise ConfigError("drop_prob", self.drop_prob,
-                        "must be 0 with --runtime=processes (real links are not lossy here)")
+    if self.link_delay_ms and self.runtime != "processes":
+      raise ConfigError("link_delay_ms", self.link_delay_ms, "needs --runtime=processes "
+                        "(the simulated network takes --delay)")
     self._check_network()
     if self.data == "mountain_car" and self.features not in (0, 300):
       raise ConfigError("features", self.features,
@@ -238,6 +271,32 @@ class PolicyEvalConfig:
     return self.features or DEFAULT_FEATURES[self.data]
 
   @property
+  def n_samples(self) -> int:
+    return self.samples or DEFAULT_SAMPLES[self.data]
+
+  @property
+  def n_shards(self) -> int:
+    """K as `problem.split_rows` takes it (0: one shard per node)."""
+    if self.split == "multi_agent":
+      return 0
+    if self.shards >= 0:
+      return self.shards
+    return self.nodes * max(1, self.n_samples // (self.nodes * SHARD_ROWS))
+
+  @property
+  def adapts(self) -> bool:
+    """Whether the layout follows speeds measured during the run (simulated async only)."""
+    return (self.runtime == "simulated" and self.mode == "async"
+            and "measured" in (self.allocation, self.weights))
+
+  @property
+  def plan(self):
+    """The `adaptive.Plan` of a simulated async run."""
+    from jaxrl_async.decentralized.adaptive import Plan
+
+    return Plan(self.allocation, self.weights, tuple(1.0 / s for s in self.slowdowns))
+
+  @property
   def slowdowns(self) -> tuple[float, ...]:
     """Per-node compute-time factors: the first `stragglers` nodes are slow."""
     return tuple(float(self.straggler_slowdown) if i < self.stragglers else 1.0
@@ -245,15 +304,17 @@ class PolicyEvalConfig:
 
   @property
   def speeds(self) -> tuple[float, ...] | None:
-    """Relative node speeds the data allocation follows: None (uniform) or 1 / slowdown."""
-    if self.allocation == "uniform":
+    """Relative node speeds the problem's own allocation follows: None (uniform; a measured
+    allocation starts uniform) or 1 / slowdown."""
+    if self.allocation != "speed":
       return None
     return tuple(1.0 / s for s in self.slowdowns)
 
   @property
   def weight_speeds(self) -> tuple[float, ...] | None:
-    """Relative node speeds the pull/push weights follow: None (uniform) or 1 / slowdown."""
-    if self.weights == "uniform":
+    """Relative node speeds the graph's own weights follow: None (uniform; measured weights
+    start uniform) or 1 / slowdown."""
+    if self.weights != "speed":
       return None
     return tuple(1.0 / s for s in self.slowdowns)
 

@@ -157,8 +157,81 @@ def _set_up(control: zmq.Socket, children, setups: list[dict]) -> tuple[dict, di
   return ident, ports
 
 
+class Retuner:
+  """The coordinator's side of measured weights and step back-off in the process runtime.
+
+  Every node measures its own activation intervals (an exponentially weighted mean) and sends
+  it with its reports. When the speeds they give have moved by more than `hysteresis` since the
+  weights in use were set (at most once per `min_gap_s`), every node gets new pull/push weights
+  in proportion to them, and the steps that go with its weights (`node.network_scalars`). When
+  the worst error grows above `growth` times its lowest (or stops being finite), every step is
+  halved (at most `max_backoffs` times; the nodes cannot go back, they carry on from where they
+  are), and the lowest is reset, so one blow-up is not halved twice in a row. Each retune is
+  an event in `events`.
+  """
+
+  def __init__(self, graph: Graph, count: np.ndarray, held: np.ndarray, shards: int,
+               rho: float, alpha: float, beta: float, sampling: str, seed: int,
+               pull_lag: float, measured_weights: bool, max_backoffs: int,
+               hysteresis: float = 1.25, growth: float = 10.0, min_gap_s: float = 1.0):
+    self.graph, self.count, self.held, self.shards = graph, count, held, shards
+    self.rho, self.alpha, self.beta = rho, alpha, beta
+    self.sampling, self.seed, self.pull_lag = sampling, seed, pull_lag
+    self.measured_weights, self.backoffs_left = measured_weights, max_backoffs
+    self.hysteresis, self.growth, self.min_gap_s = hysteresis, growth, min_gap_s
+    n = graph.n
+    self.interval = np.full(n, np.nan)
+    self.speeds = np.ones(n)
+    self.step_scale, self.best, self.last_s = 1.0, math.inf, -math.inf
+    self.events: list[dict] = []
+
+  def fields(self) -> list[dict[str, np.ndarray]]:
+    """Every node's new weights and steps."""
+    from jaxrl_async.decentralized import node as node_lib
+
+    slots = self.graph.with_speeds(self.speeds if self.measured_weights else None).slot_tables()
+    f = node_lib.network_scalars(slots, self.count, self.held, self.shards, self.rho,
+                                 self.alpha * self.step_scale, self.beta * self.step_scale,
+                                 self.sampling, self.seed, pull_lag=self.pull_lag)
+    keys = ("pull_self", "pull_in", "push_self", "push_out", "alpha", "beta")
+    return [{k: np.asarray(f[k][i]) for k in keys} for i in range(self.graph.n)]
+
+  def observe(self, i: int, interval: float, worst: float | None, elapsed: float
+              ) -> dict | None:
+    """Takes node i's measured interval and the network's worst error (None until every node
+    has reported); an event when the nodes must be retuned, else None."""
+    if isinstance(interval, float) and interval > 0:
+      self.interval[i] = interval
+    if worst is None:
+      return None
+    if self.backoffs_left and not (math.isfinite(worst) and worst <= self.growth * self.best):
+      self.backoffs_left -= 1
+      self.step_scale *= 0.5
+      self.best = worst if math.isfinite(worst) else math.inf
+      return self._event("step_backoff", elapsed, worst_rel_error=worst,
+                         step_scale=self.step_scale)
+    self.best = min(self.best, worst)
+    if not self.measured_weights or np.isnan(self.interval).any():
+      return None
+    if elapsed - self.last_s < self.min_gap_s:
+      return None
+    speeds = (1.0 / self.interval) / (1.0 / self.interval).max()
+    moved = speeds / self.speeds
+    if moved.max() / moved.min() <= self.hysteresis:
+      return None
+    self.speeds = speeds
+    return self._event("replan", elapsed, speeds=[round(float(v), 4) for v in speeds])
+
+  def _event(self, why: str, elapsed: float, **info) -> dict:
+    self.last_s = elapsed
+    event = {"event": why, "time": elapsed, **info}
+    self.events.append(event)
+    return event
+
+
 def _watch(control: zmq.Socket, children, watch: _Watch, t0: float, max_wall_s: float,
-           divergence: float, on_record) -> tuple[str, float | None]:
+           divergence: float, on_record, retuner: Retuner,
+           ident: dict[int, bytes]) -> tuple[str, float | None]:
   """Takes reports until tolerance, budget or divergence; returns (stopped, diverged)."""
   while True:
     children.check()
@@ -168,40 +241,51 @@ def _watch(control: zmq.Socket, children, watch: _Watch, t0: float, max_wall_s: 
     if not control.poll(50):
       continue
     msg = _recv(control)[1]
-    if msg[0] != "report" or len(msg) != 4:
+    if msg[0] != "report" or len(msg) != 5:
       continue
-    _, i, stamp, theta = msg
+    _, i, stamp, theta, interval = msg
     record = watch.report(i, stamp, theta, elapsed)
+    event = retuner.observe(i, interval, None if record is None else
+                            record["worst_rel_error"], elapsed)
+    if event is not None:
+      event["k"] = int(watch.clocks.sum())
+      for j, fields in enumerate(retuner.fields()):
+        control.send_multipart([ident[j], pickle.dumps(("retune", fields))])
+      if on_record is not None:
+        on_record(event)
     if record is None:
       continue
     if on_record is not None:
       on_record(record)
     worst = record["worst_rel_error"]
-    if not math.isfinite(worst) or worst > divergence:
+    if (not math.isfinite(worst) or worst > divergence) and not retuner.backoffs_left:
       return "diverged", worst
     if worst < watch.tol:
       return "tol", None
 
 
-def _collect(control: zmq.Socket, children, ident: dict[int, bytes]) -> tuple[dict, int]:
-  """Stops every node and collects its final state; returns (finals, dropped sends)."""
+def _collect(control: zmq.Socket, children, ident: dict[int, bytes]
+             ) -> tuple[dict, int, int]:
+  """Stops every node and collects its final state; returns (finals, sends dropped by full
+  queues, messages dropped by injection)."""
   n = len(ident)
   for i in range(n):
     control.send_multipart([ident[i], pickle.dumps(("stop", None))])
   finals: dict[int, dict[str, np.ndarray]] = {}
-  dropped = 0
+  dropped = injected = 0
   deadline = time.monotonic() + 30.0
   while len(finals) < n and time.monotonic() < deadline:
     children.check()
     if not control.poll(100):
       continue
     msg = _recv(control)[1]
-    if msg[0] == "final":
+    if msg[0] == "final" and len(msg) == 5:
       finals[msg[1]] = msg[2]
       dropped += msg[3]
+      injected += msg[4]
   if len(finals) < n:
     raise ProcessRuntimeError(f"only {len(finals)} of {n} nodes sent a final state")
-  return finals, dropped
+  return finals, dropped, injected
 
 
 def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
@@ -209,7 +293,9 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
                   max_wall_s: float = 120.0, slowdowns: tuple[float, ...] = (),
                   report_every_s: float = 0.02, divergence: float = 1e6,
                   on_record=None, pull_lag: float = 0.0, hosts: tuple[str, ...] = (),
-                  coordinator: tuple[str, int] | None = None, keys: dict | None = None):
+                  coordinator: tuple[str, int] | None = None, keys: dict | None = None,
+                  faults: dict | None = None, measured_weights: bool = False,
+                  max_backoffs: int = 0):
   """Run the asynchronous method with one process per node; returns a `simulator.RunResult`
   whose `time` is wall seconds since the nodes started and whose k is the sum of activations.
 
@@ -218,7 +304,8 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
   (`python -m jaxrl_async.decentralized.processes --control tcp://ADDR:PORT --node I`).
   `keys`: the run's CURVE keys (`transport.make_keys`) to authenticate and encrypt every socket,
   or None for none; the nodes started here get theirs through their environment, nodes started
-  elsewhere from their launcher.
+  elsewhere from their launcher. `faults`: what the nodes inject into their links and when
+  they are slow (`processes.Links`). `measured_weights`, `max_backoffs`: see `Retuner`.
 
   Raises:
     ProcessRuntimeError: a node failed (its output is in the message) or timed out.
@@ -238,8 +325,12 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
              "state": tuple(np.asarray(x)[i] for x in init),
              "in_nbr": slots["in_nbr"][i], "out_nbr": slots["out_nbr"][i], "bind": hosts[i],
              "slowdown": float(slow[i]), "report_every_s": report_every_s,
+             "faults": faults or {}, "seed": seed,
              "give_up_s": max_wall_s + SETUP_TIMEOUT_S + NODE_GRACE_S} for i in range(n)]
   watch = _Watch(n, problem.theta_star(), tol)
+  retuner = Retuner(graph, problem.count, problem.shards_per_node(), problem.shards,
+                    problem.rho, alpha, beta, sampling, seed, pull_lag, measured_weights,
+                    max_backoffs)
 
   ctx = zmq.Context()
   auth = transport.start_authenticator(ctx, keys)
@@ -258,9 +349,10 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
     t0 = time.monotonic()
     for i in range(n):
       control.send_multipart([ident[i], pickle.dumps(("peers", {"peers": book}))])
-    stopped, diverged = _watch(control, children, watch, t0, max_wall_s, divergence, on_record)
+    stopped, diverged = _watch(control, children, watch, t0, max_wall_s, divergence, on_record,
+                               retuner, ident)
     wall = time.monotonic() - t0
-    finals, dropped = _collect(control, children, ident)
+    finals, dropped, injected = _collect(control, children, ident)
   finally:
     children.close()
     if auth is not None:
@@ -271,7 +363,9 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
     raise DivergenceError(f"diverged (worst relative error {diverged:.3g}): the step sizes are "
                           "too large for this problem and network; lower --alpha and/or --beta")
   result = _result(watch, finals, wall, stopped, dropped, hosts)
-  result.extra["curve"] = keys is not None
+  result.extra.update(curve=keys is not None, injected_drops=injected, events=retuner.events,
+                      step_backoffs=sum(e["event"] == "step_backoff" for e in retuner.events),
+                      replans=sum(e["event"] == "replan" for e in retuner.events))
   return result
 
 

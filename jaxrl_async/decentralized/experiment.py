@@ -28,11 +28,11 @@ def make_problem(config: PolicyEvalConfig) -> problem_lib.Problem:
   if config.data == "mountain_car":
     from jaxrl_async.decentralized.mountain_car import mountain_car  # imports EnvPool
 
-    return mountain_car(config.seed, config.nodes, config.samples, config.gamma, config.rho,
-                        config.split, config.shards, config.speeds)
-  return problem_lib.random_mdp(config.seed, config.nodes, config.samples, config.dim,
+    return mountain_car(config.seed, config.nodes, config.n_samples, config.gamma, config.rho,
+                        config.split, config.n_shards, config.speeds)
+  return problem_lib.random_mdp(config.seed, config.nodes, config.n_samples, config.dim,
                                 config.states, config.gamma, config.rho, config.split,
-                                config.shards, config.speeds)
+                                config.n_shards, config.speeds)
 
 
 def make_graph(config: PolicyEvalConfig) -> graphs.Graph:
@@ -42,7 +42,8 @@ def make_graph(config: PolicyEvalConfig) -> graphs.Graph:
 
 def make_timing(config: PolicyEvalConfig) -> Timing:
   return Timing(config.compute_time, config.compute_jitter, config.slowdowns, config.delay,
-                config.delay_dist, config.drop_prob, config.seed)
+                config.delay_dist, config.drop_prob, config.seed, config.straggler_after,
+                config.straggler_until or math.inf)
 
 
 def run(config: PolicyEvalConfig, problem: problem_lib.Problem | None = None,
@@ -58,13 +59,23 @@ def run(config: PolicyEvalConfig, problem: problem_lib.Problem | None = None,
                          config.seed, config.tol, config.max_wall_s, config.slowdowns,
                          on_record=on_record, pull_lag=config.pull_lag,
                          hosts=config.host_addrs, coordinator=coordinator,
-                         keys=curve_keys(config))
+                         keys=curve_keys(config), faults=make_faults(config),
+                         measured_weights=config.weights == "measured",
+                         max_backoffs=config.max_backoffs)
   from jaxrl_async.decentralized import simulator
 
   sim = simulator.build(problem, graph, config.mode, make_timing(config), config.alpha,
-                        config.beta, config.sampling, config.seed, pull_lag=config.pull_lag)
+                        config.beta, config.sampling, config.seed, pull_lag=config.pull_lag,
+                        plan=config.plan if config.adapts else None)
   return simulator.run(sim, config.tol, config.max_updates, config.max_time or math.inf,
-                       config.max_wall_s, on_record=on_record)
+                       config.max_wall_s, on_record=on_record, backoffs=config.max_backoffs)
+
+
+def make_faults(config: PolicyEvalConfig) -> dict[str, Any]:
+  """What the process runtime injects into its links and nodes (`processes.Faults`)."""
+  return {"drop_prob": config.drop_prob, "delay_s": config.link_delay_ms / 1000.0,
+          "delay_dist": config.delay_dist, "slow_from_s": config.straggler_after,
+          "slow_until_s": config.straggler_until or math.inf}
 
 
 RESULT_FILES = ("summary.json", "metrics.jsonl")
@@ -165,7 +176,14 @@ def summary(config: PolicyEvalConfig, result: RunResult, problem: problem_lib.Pr
       "config": config.to_dict(),
   }
   out.update({k: v for k, v in result.extra.items() if isinstance(v, int | float | list)})
+  out["samples"], out["allocation_final"] = problem.count.sum().item(), _final_allocation(result)
   return out
+
+
+def _final_allocation(result: RunResult) -> list[int] | None:
+  """Shards per node after the last re-plan, None when the layout never changed."""
+  plans = [e for e in result.extra.get("events", []) if "shards_per_node" in e]
+  return plans[-1]["shards_per_node"] if plans else None
 
 
 def plot(result: RunResult, out_dir: Path, title: str, time_label: str = "virtual time"

@@ -208,6 +208,23 @@ def init_state(const: NodeConst, theta0: np.ndarray | None = None) -> NodeState:
       clock=np.zeros(lead, np.int64))
 
 
+def pooled_init(consts: NodeConst, shards: int) -> NodeState:
+  """The state before any activation for pooled consts (`pooled_consts`): theta = 0, the
+  network's dual w [K, d] = 0, the pooled table [R, 2] and g_w [K, d] at that point, y = 0."""
+  n, d = np.shape(consts.pull_in)[0], np.shape(consts.phi)[1]
+  d_in, d_out = np.shape(consts.pull_in)[1], np.shape(consts.push_out)[1]
+  v = -np.asarray(consts.r)  # psi theta - r - phi w at theta = 0, w = 0
+  g_w = np.zeros((shards, d))
+  np.add.at(g_w, np.asarray(consts.block), (np.asarray(consts.weight) * v)[:, None]
+            * np.asarray(consts.phi))
+  return NodeState(
+      theta=np.zeros((n, d)), w=np.zeros((shards, d)), y=np.zeros((n, d)),
+      g_data=np.zeros((n, d)), g_w=g_w, table=np.stack([np.zeros_like(v), v], axis=-1),
+      theta_in=np.zeros((n, d_in, d)), sigma_in=np.zeros((n, d_in, d)),
+      stamp_in=np.zeros((n, d_in), np.int64), sigma_out=np.zeros((n, d_out, d)),
+      clock=np.zeros(n, np.int64))
+
+
 def _sampling(sampling: str) -> bool:
   if sampling not in SAMPLINGS:
     raise ValueError(f"--sampling={sampling!r}: must be one of {', '.join(SAMPLINGS)}")
@@ -259,20 +276,88 @@ def network_consts(problem: Problem, graph: Graph, alpha: float, beta: float,
     raise ValueError(f"graph has {graph.n} nodes but the problem {problem.nodes}")
   n = problem.nodes
   slots = graph.slot_tables()
-  keys = np.stack([key_data(seed * 1_000_003 + i) for i in range(n)])
   held = problem.shards_per_node()
-  lag_rows = np.full(n, problem.count.max()) if synchronous else problem.count
-  pull_gain = 1.0 + (1.0 - slots["pull_self"]) * pull_lag
   return NodeConst(
       phi=problem.phi, psi=problem.psi, r=problem.r, block=problem.local_block(),
       weight=problem.row_weight(), count=problem.count.copy(),
+      **network_scalars(slots, problem.count, held, problem.shards, problem.rho, alpha, beta,
+                        sampling, seed, synchronous, pull_lag),
+      row0=np.zeros(n, np.int64))
+
+
+def network_scalars(slots: dict[str, np.ndarray], count: np.ndarray, held: np.ndarray,
+                    shards: int, rho: float, alpha: float, beta: float, sampling: str = "uniform",
+                    seed: int = 0, synchronous: bool = False, pull_lag: float = 0.0
+                    ) -> dict[str, np.ndarray]:
+  """The per-node [N] fields of `network_consts` (weights, steps, ridge, sampling keys) for
+  nodes holding `count` rows in `held` shards of `shards`; the step rules are documented there.
+  Shared by the padded per-node layout and the simulator's pooled one (`pooled_consts`)."""
+  n = count.shape[0]
+  keys = np.stack([key_data(seed * 1_000_003 + i) for i in range(n)])
+  lag_rows = np.full(n, count.max()) if synchronous else count
+  pull_gain = 1.0 + (1.0 - slots["pull_self"]) * pull_lag
+  return dict(
       pull_self=slots["pull_self"], pull_in=slots["pull_in"],
       push_self=slots["push_self"], push_out=slots["push_out"],
-      alpha=alpha * pull_gain * (n / problem.shards) / (lag_rows + ROWS_0 * held),
-      beta=beta / (problem.count / held + ROWS_0),
-      rho=problem.rho * held.astype(np.float64),
-      uniform=np.full(n, _sampling(sampling)), key=keys.astype(np.uint32),
-      row0=np.zeros(n, np.int64))
+      alpha=alpha * pull_gain * (n / shards) / (lag_rows + ROWS_0 * held),
+      beta=beta / (count / held + ROWS_0),
+      rho=rho * held.astype(np.float64),
+      uniform=np.full(n, _sampling(sampling)), key=keys.astype(np.uint32))
+
+
+class Pool(NamedTuple):
+  """Every row of the network once, in shard order: node i's shards are a contiguous run, so
+  its rows are a contiguous range and moving shards between nodes moves range boundaries only
+  (no row, table entry or dual block is copied). phi, psi: [R, d]; r: [R]; shard: [R] global
+  shard id (the row's dual block in a [K, d] dual); weight: [R] 1 / rows of its shard;
+  bounds: [K + 1] where each shard's rows start."""
+
+  phi: np.ndarray
+  psi: np.ndarray
+  r: np.ndarray
+  shard: np.ndarray
+  weight: np.ndarray
+  bounds: np.ndarray
+
+
+def pool(problem: Problem) -> Pool:
+  """The problem's rows pooled in node order, which is shard order (shards are allocated to
+  nodes as contiguous runs, `problem.split_rows`)."""
+  valid = problem.mask().astype(bool)
+  shard = problem.shard[valid]
+  if np.any(np.diff(shard) < 0):
+    raise ValueError("pooled rows must be in shard order (contiguous runs per node)")
+  bounds = np.searchsorted(shard, np.arange(problem.shards + 1), side="left")
+  return Pool(problem.phi[valid], problem.psi[valid], problem.r[valid], shard,
+              problem.row_weight()[valid], bounds)
+
+
+def pooled_consts(rows: Pool, held: np.ndarray, slots: dict[str, np.ndarray], rho: float,
+                  alpha: float, beta: float, sampling: str = "uniform", seed: int = 0,
+                  synchronous: bool = False, pull_lag: float = 0.0) -> NodeConst:
+  """`network_consts` over pooled rows: node i holds shards [first_i, first_i + held_i) (first
+  the running sum of `held`), i.e. rows [row0_i, row0_i + count_i) of the pool, and indexes the
+  network's [K, d] dual with global shard ids. Row fields are [R, ...], the others [N]."""
+  first = np.concatenate([[0], np.cumsum(held)])
+  row0 = rows.bounds[first[:-1]]
+  count = rows.bounds[first[1:]] - row0
+  if np.any(count < 1) or first[-1] != rows.bounds.size - 1:
+    raise ValueError(f"an allocation of {rows.bounds.size - 1} shards must give every node "
+                     f"at least one, got {held.tolist()}")
+  return NodeConst(phi=rows.phi, psi=rows.psi, r=rows.r, block=rows.shard, weight=rows.weight,
+                   count=count,
+                   **network_scalars(slots, count, held, rows.bounds.size - 1, rho, alpha, beta,
+                                     sampling, seed, synchronous, pull_lag),
+                   row0=row0.astype(np.int64))
+
+
+def shard_gradients(rows: Pool, table: np.ndarray) -> np.ndarray:
+  """[K, d] each shard's SAG mean of the primal data gradient, sum_p weight_p u_p psi_p, from
+  the pooled table [R, 2]: what a node's g_data holds for each of its shards."""
+  per_row = (rows.weight * table[:, 0])[:, None] * rows.psi
+  out = np.zeros((rows.bounds.size - 1, rows.psi.shape[1]))
+  np.add.at(out, rows.shard, per_row)
+  return out
 
 
 def centralized_const(problem: Problem, alpha: float, beta: float, sampling: str = "uniform",

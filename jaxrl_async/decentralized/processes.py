@@ -19,7 +19,9 @@ lives in `coordinator.py` (re-exported here); addresses and keys in `transport.p
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
+import math
 import os
 import struct
 import sys
@@ -83,7 +85,8 @@ def _node_main(control_addr: str, node_id: int, keys: dict | None) -> int:
       sock.connect(peers[j])
       pushes.append(sock)
     give_up = time.monotonic() + setup["give_up_s"]
-    return _node_loop(node_lib, control, data, pushes, const, state, in_slot, node_id,
+    links = Links(pushes, setup.get("faults") or {}, seed=setup.get("seed", 0) * 7919 + node_id)
+    return _node_loop(node_lib, control, data, links, const, state, in_slot, node_id,
                       setup["slowdown"], setup["report_every_s"], give_up)
   finally:
     if auth is not None:
@@ -111,18 +114,99 @@ def _recv_or_die(sock: zmq.Socket, what: str) -> Any:
   return payload
 
 
-def _node_loop(node_lib, control, data, pushes, const, state, in_slot, node_id, slowdown,
+class Links:
+  """A node's out-links with faults injected on the way to the socket, to measure what loss,
+  delay and reordering do over real sockets.
+
+  Faults (a dict, `experiment.make_faults`): drop_prob, each message lost with this
+  probability before it reaches the socket; delay_s, each message held back for a delay drawn
+  from delay_dist ('constant', 'uniform' on [0, 2 delay_s], 'exponential' capped at 5x) and
+  sent when due, so later messages overtake earlier ones; slow_from_s / slow_until_s, the
+  wall-clock window (seconds after the node starts) in which its slowdown holds.
+  """
+
+  def __init__(self, socks: list[zmq.Socket], faults: dict, seed: int = 0):
+    self.socks = socks
+    self.drop_prob = float(faults.get("drop_prob", 0.0))
+    self.delay_s = float(faults.get("delay_s", 0.0))
+    self.delay_dist = faults.get("delay_dist", "uniform")
+    self.slow_from_s = float(faults.get("slow_from_s", 0.0))
+    self.slow_until_s = float(faults.get("slow_until_s", float("inf")))
+    self._rng = np.random.default_rng(seed)
+    self._held: list[tuple[float, int, int, list[bytes]]] = []  # heap: (due, seq, out-slot, parts)
+    self._seq = 0
+    self.dropped = 0  # full queues (ZeroMQ HWM)
+    self.injected_drops = 0
+
+  def _delay(self) -> float:
+    if self.delay_dist == "constant":
+      return self.delay_s
+    if self.delay_dist == "uniform":
+      return self.delay_s * self._rng.uniform(0.0, 2.0)
+    return self.delay_s * min(self._rng.exponential(1.0), 5.0)
+
+  def send(self, o: int, parts: list[bytes], now: float) -> None:
+    if self.drop_prob and self._rng.uniform() < self.drop_prob:
+      self.injected_drops += 1
+      return
+    if self.delay_s:
+      heapq.heappush(self._held, (now + self._delay(), self._seq, o, parts))
+      self._seq += 1
+      return
+    self._put(o, parts)
+
+  def flush(self, now: float) -> None:
+    """Sends every held message that is due."""
+    while self._held and self._held[0][0] <= now:
+      _, _, o, parts = heapq.heappop(self._held)
+      self._put(o, parts)
+
+  def _put(self, o: int, parts: list[bytes]) -> None:
+    try:
+      self.socks[o].send_multipart(parts, zmq.NOBLOCK)
+    except zmq.Again:
+      self.dropped += 1  # harmless: the next message's running sum carries this mass
+
+  def slow(self, elapsed: float) -> bool:
+    return self.slow_from_s <= elapsed < self.slow_until_s
+
+
+def _retune(node_lib, const, state, fields: dict):
+  """New weights and steps from the coordinator (`coordinator.Retuner`), applied between two
+  activations. The tracker is rescaled so that the mass the node holds, b_ii y, is unchanged:
+  the push-pull invariant needs exactly that (see `adaptive.migrate`)."""
+  import jax
+
+  push_self_old = float(np.asarray(const.push_self))
+  const = const._replace(**{k: jax.device_put(np.asarray(v)) for k, v in fields.items()})
+  ratio = push_self_old / float(np.asarray(const.push_self))
+  return const, state._replace(y=state.y * ratio)
+
+
+def _node_loop(node_lib, control, data, links, const, state, in_slot, node_id, slowdown,
                report_every_s, give_up) -> int:
   d_in, d = np.shape(state.theta_in)
   theta_buf, sigma_buf = np.zeros((d_in, d)), np.zeros((d_in, d))
   stamp_buf = -np.ones(d_in, np.int64)
-  dropped, ignored, last_report, parent = 0, 0, 0.0, os.getppid()
+  ignored, last_report, parent = 0, 0.0, os.getppid()
+  # Activation intervals, measured here and reported: an exponentially weighted mean with a
+  # half-life of 8 activations (as `adaptive.SpeedMeter`).
+  decay, interval, last_start = 0.5 ** (1 / 8), math.nan, None
+  start = time.monotonic()
   while True:
     now = time.monotonic()
-    if control.poll(0):
-      kind, _ = transport.loads(control.recv())
-      if kind == "stop":
-        break
+    if last_start is not None:
+      gap = now - last_start
+      interval = gap if math.isnan(interval) else decay * interval + (1 - decay) * gap
+    last_start = now
+    stop = False
+    while not stop and control.poll(0):
+      kind, payload = transport.loads(control.recv())
+      stop = kind == "stop"
+      if kind == "retune":
+        const, state = _retune(node_lib, const, state, payload)
+    if stop:
+      break
     if os.getppid() != parent:  # the parent died (we were re-parented): do not linger
       return 3
     if now > give_up:  # the coordinator never said stop (it died, or its machine is gone)
@@ -147,18 +231,17 @@ def _node_loop(node_lib, control, data, pushes, const, state, in_slot, node_id, 
     theta, sigma, stamp = np.asarray(out.theta), np.asarray(out.sigma), int(out.stamp)
     stamp_buf = -np.ones(d_in, np.int64)
     head = _HEADER.pack(node_id, stamp)
-    for o, sock in enumerate(pushes):
-      try:
-        sock.send_multipart([head, theta.tobytes(), sigma[o].tobytes()], zmq.NOBLOCK)
-      except zmq.Again:
-        dropped += 1  # harmless: the next message's running sum carries this mass
-    if slowdown > 1:
+    sent_at = time.monotonic()
+    for o in range(len(links.socks)):
+      links.send(o, [head, theta.tobytes(), sigma[o].tobytes()], sent_at)
+    links.flush(sent_at)
+    if slowdown > 1 and links.slow(now - start):
       time.sleep((slowdown - 1) * (time.perf_counter() - t_update))
     if now - last_report >= report_every_s:
-      control.send_pyobj(("report", node_id, stamp, theta))
+      control.send_pyobj(("report", node_id, stamp, theta, interval))
       last_report = now
   final = {k: np.asarray(v) for k, v in state._asdict().items() if k != "table"}
-  control.send_pyobj(("final", node_id, final, dropped))
+  control.send_pyobj(("final", node_id, final, links.dropped, links.injected_drops))
   if ignored:
     print(f"node {node_id}: ignored {ignored} malformed or unexpected messages", file=sys.stderr)
   return 0

@@ -24,6 +24,7 @@ round r has arrived.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -45,6 +46,9 @@ class Timing:
     delay: mean link delay. delay_dist: one of DELAY_DISTS.
     drop_prob: probability that a message is lost (asynchronous mode only).
     seed: the seed of every draw.
+    slow_from, slow_until: the slowdowns hold for activations that start in [slow_from,
+      slow_until); outside it every node computes at compute_time. (0, inf): all the time.
+      A node that becomes slow mid-run, or recovers, without anyone declaring it.
   """
 
   compute_time: float = 1.0
@@ -54,6 +58,8 @@ class Timing:
   delay_dist: str = "uniform"
   drop_prob: float = 0.0
   seed: int = 0
+  slow_from: float = 0.0
+  slow_until: float = math.inf
 
   def __post_init__(self):
     if not self.compute_time > 0:
@@ -69,6 +75,18 @@ class Timing:
                        f"{', '.join(DELAY_DISTS)}")
     if not 0 <= self.drop_prob < 1:
       raise ValueError(f"--drop_prob={self.drop_prob}: must be in [0, 1)")
+    if not 0 <= self.slow_from < self.slow_until:
+      raise ValueError(f"--straggler_after={self.slow_from}, --straggler_until="
+                       f"{self.slow_until}: must be 0 <= after < until")
+
+  def factor(self, slow: np.ndarray, t: float | np.ndarray) -> np.ndarray:
+    """The compute-time factor of nodes with slowdowns `slow` at time t (1 outside the window)."""
+    inside = (self.slow_from <= t) & (t < self.slow_until)
+    return np.where(inside, slow, 1.0)
+
+  @property
+  def varies(self) -> bool:
+    return self.slow_from > 0 or self.slow_until < math.inf
 
   def slowdowns(self, n: int) -> np.ndarray:
     if not self.slowdown:
@@ -93,12 +111,14 @@ class Timing:
 class Chunk(NamedTuple):
   """L consecutive events. node: [L] int. k: [L] int global event numbers. src: [L, D_in] int,
   the event that sent the message read from each in-slot (-1: none). done: [L] completion time
-  t_n + tau_n of each event (virtual time)."""
+  t_n + tau_n of each event (virtual time). read: [L] its read time t_n (done - read is the
+  activation interval a node measures itself)."""
 
   node: np.ndarray
   k: np.ndarray
   src: np.ndarray
   done: np.ndarray
+  read: np.ndarray
 
 
 class _Messages:
@@ -146,12 +166,13 @@ class AsyncSchedule:
     self.n = graph.n
     self._rng = np.random.default_rng(timing.seed)
     self._links = _Links(graph)
-    slow = timing.slowdowns(self.n)
-    self._mean_tau = timing.compute_time * slow
+    self._slow = timing.slowdowns(self.n)
+    # The slowest each node can be (ring bound), and its mean now (chunk horizon).
+    self._mean_tau = timing.compute_time * self._slow
     # Future activations per node (read times and compute times), consumed from the front.
-    start = self._rng.uniform(0.0, 1.0, self.n) * self._mean_tau
+    start = self._rng.uniform(0.0, 1.0, self.n) * self._tau_at(np.arange(self.n), 0.0)
     self._times = [np.array([start[i]]) for i in range(self.n)]
-    self._taus = [self._draw_tau(i, 1) for i in range(self.n)]
+    self._taus = [self._draw_tau(i, 1, start[i]) for i in range(self.n)]
     self._pending = _Messages()
     self._next_k = 0
 
@@ -164,27 +185,39 @@ class AsyncSchedule:
     at most window / tau_min_i + 1 activations of each node i.
     """
     t = self.timing
-    tau_min = self._mean_tau * (1 - t.jitter)
+    # A node out of its slow window computes at compute_time: the shortest it can take.
+    tau_min = (np.full(self.n, t.compute_time) if t.varies else self._mean_tau) * (1 - t.jitter)
     window = 2 * self._mean_tau.max() * (1 + t.jitter) + t.max_delay
     return int(np.sum(np.floor(window / tau_min) + 1)) + 2
 
-  def _draw_tau(self, i: int, size: int) -> np.ndarray:
+  def _tau_at(self, i, t) -> np.ndarray:
+    """Mean compute time of node(s) i for an activation starting at t."""
+    return self.timing.compute_time * self.timing.factor(self._slow[i], t)
+
+  def _draw_tau(self, i: int, size: int, t: float) -> np.ndarray:
     j = self.timing.jitter
-    return self._mean_tau[i] * self._rng.uniform(1 - j, 1 + j, size)
+    return self._tau_at(i, t) * self._rng.uniform(1 - j, 1 + j, size)
 
   def _extend(self, i: int, until: float) -> None:
     """Make node i's future activations reach past `until`."""
     while self._times[i][-1] <= until:
-      size = max(64, int(4 * (until - self._times[i][-1]) / self._mean_tau[i]))
-      taus = self._draw_tau(i, size)
-      starts = self._times[i][-1] + self._taus[i][-1] + np.concatenate([[0.0],
-                                                                       np.cumsum(taus[:-1])])
+      t_next = self._times[i][-1] + self._taus[i][-1]
+      size = max(64, int(4 * (until - self._times[i][-1]) / self._tau_at(i, t_next)))
+      taus = self._draw_tau(i, size, t_next)
+      starts = t_next + np.concatenate([[0.0], np.cumsum(taus[:-1])])
+      if self.timing.varies:
+        # Drawn at the factor of t_next; keep them only up to the next change of the factor.
+        changes = [c for c in (self.timing.slow_from, self.timing.slow_until) if c > t_next]
+        if changes:
+          keep = max(1, int(np.searchsorted(starts, min(changes), side="left")))
+          starts, taus = starts[:keep], taus[:keep]
       self._times[i] = np.concatenate([self._times[i], starts])
       self._taus[i] = np.concatenate([self._taus[i], taus])
 
   def next_chunk(self) -> Chunk:
     """The next `chunk` events in read-time order, with the message each of them reads."""
-    rate = np.sum(1.0 / self._mean_tau)
+    now = min(t[0] for t in self._times)
+    rate = np.sum(1.0 / self._tau_at(np.arange(self.n), now))
     horizon = min(t[0] for t in self._times) + 1.5 * self.chunk / rate
     while True:
       for i in range(self.n):
@@ -207,7 +240,7 @@ class AsyncSchedule:
     self._next_k += self.chunk
     self._send(node, k, t_read + tau)
     src = self._deliver(node, k, t_read)
-    return Chunk(node, k, src, t_read + tau)
+    return Chunk(node, k, src, t_read + tau, t_read)
 
   def _send(self, node: np.ndarray, k: np.ndarray, t_send: np.ndarray) -> None:
     links = self._links
@@ -261,7 +294,7 @@ class SyncSchedule:
     self._rng = np.random.default_rng(timing.seed)
     self._links = _Links(graph)
     self._slots = graph.slot_tables()
-    self._mean_tau = timing.compute_time * timing.slowdowns(self.n)
+    self._slow = timing.slowdowns(self.n)
     self._round, self._t = 0, 0.0
 
   @property
@@ -275,19 +308,21 @@ class SyncSchedule:
     rnd = r0 + np.arange(self.chunk) // n
     in_nbr = self._slots["in_nbr"][node]  # [L, D_in]
     src = np.where((in_nbr >= 0) & (rnd[:, None] > 0), (rnd[:, None] - 1) * n + in_nbr, -1)
-    done = np.empty(self.chunk)
+    done, read = np.empty(self.chunk), np.empty(self.chunk)
     j = self.timing.jitter
     for r in range(self.rounds_per_chunk):
-      tau = self._mean_tau * self._rng.uniform(1 - j, 1 + j, n)
+      mean_tau = self.timing.compute_time * self.timing.factor(self._slow, self._t)
+      tau = mean_tau * self._rng.uniform(1 - j, 1 + j, n)
       span = tau.copy()
       links = self._links
       if links.src.size:
         arrive = tau[links.src] + self.timing.draw_delays(self._rng, links.src.size)
         np.maximum.at(span, links.src, arrive)
       done[r * n:(r + 1) * n] = self._t + tau
+      read[r * n:(r + 1) * n] = self._t
       self._t += span.max()
     self._round += self.rounds_per_chunk
-    return Chunk(node, k, src, done)
+    return Chunk(node, k, src, done, read)
 
 
 class CentralSchedule:
@@ -309,4 +344,5 @@ class CentralSchedule:
     self._t = float(done[-1])
     k = self._k + np.arange(self.chunk)
     self._k += self.chunk
-    return Chunk(np.zeros(self.chunk, np.int64), k, -np.ones((self.chunk, 1), np.int64), done)
+    return Chunk(np.zeros(self.chunk, np.int64), k, -np.ones((self.chunk, 1), np.int64), done,
+                 done - tau)

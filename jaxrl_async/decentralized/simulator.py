@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_async.decentralized import adaptive
 from jaxrl_async.decentralized import node as node_lib
 from jaxrl_async.decentralized.graphs import Graph
 from jaxrl_async.decentralized.problem import Problem, relative_errors
@@ -136,28 +137,32 @@ def _event(consts: node_lib.NodeConst, in_to_out: jax.Array, theta_star: jax.Arr
            carry: Carry, ev: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[Carry, jax.Array]:
   """One event: node i reads its inbox from the ring, updates, writes its outbox.
 
-  The row fields of `consts` and the states' table are flat [N * M, ...]; node i looks into
-  them from row i * M on (NodeConst.row0). Slicing its [M, 2] table out and writing it back
-  would copy the whole stacked table twice per event, which dominated the time at large M.
+  Rows, the SAG table and the dual are pooled (`node.Pool`): one [R, ...] / [K, d] array for
+  the network, node i reading its range from row0_i on and its shards by global id. Slicing a
+  node's table out and writing it back would copy it twice per event, which dominated the time
+  at large M; pooling also lets shards change hands by moving range boundaries only.
   """
   i, k, src = ev
   h = carry.ring.stamp.shape[0]
-  rows = consts.phi.shape[0] // consts.count.shape[0]
   valid = src >= 0
   slot = jnp.where(valid, src % h, 0)
   inbox = node_lib.Inbox(theta=carry.ring.theta[slot],
                          sigma=carry.ring.sigma[slot, in_to_out[i]],
                          stamp=jnp.where(valid, carry.ring.stamp[slot], -1))
-  const_i = _take(consts, i, node_lib.ROW_FIELDS)._replace(row0=i * rows)
-  state_i = _take(carry.states, i, ("table",))
+  const_i = _take(consts, i, node_lib.ROW_FIELDS)
+  state_i = _take(carry.states, i, POOLED_STATE)
   new_state, out = node_lib.node_update(const_i, state_i, inbox)
-  states = _put(carry.states, new_state, i, ("table",))._replace(table=new_state.table)
+  states = _put(carry.states, new_state, i, POOLED_STATE)._replace(
+      **{f: getattr(new_state, f) for f in POOLED_STATE})
   at = k % h
   ring = Ring(carry.ring.theta.at[at].set(out.theta), carry.ring.sigma.at[at].set(out.sigma),
               carry.ring.stamp.at[at].set(out.stamp))
   err = jnp.linalg.norm(new_state.theta - theta_star) / jnp.linalg.norm(theta_star)
   last_err = carry.last_err.at[i].set(err)
   return Carry(states, ring, last_err), jnp.max(last_err)
+
+
+POOLED_STATE = ("table", "w", "g_w")  # network-wide arrays every node indexes into
 
 
 # NOTE: without region analysis, XLA:CPU's copy insertion copies the whole SAG table twice per
@@ -177,41 +182,45 @@ class Simulation:
   """A network (or the centralised node) stepped chunk by chunk; also usable for inspection.
 
   Args:
-    consts: stacked [N, ...] node constants (`node.network_consts` or `centralized_const`).
+    adapter: the network's layout (`adaptive.Adapter`); the centralised node passes its pooled
+      constants as `consts` instead.
     graph: the network (None for the centralised node).
     schedule: an `AsyncSchedule`, `SyncSchedule` or `CentralSchedule`.
     theta_star: [d].
+    consts: pooled constants of the centralised node (one node, all shards).
   """
 
-  def __init__(self, consts: node_lib.NodeConst, graph: Graph | None, schedule: Any,
-               theta_star: np.ndarray):
-    self.schedule, self.graph = schedule, graph
+  def __init__(self, adapter: adaptive.Adapter | None, graph: Graph | None, schedule: Any,
+               theta_star: np.ndarray, consts: node_lib.NodeConst | None = None,
+               shards: int = 0):
+    self.schedule, self.graph, self.adapter = schedule, graph, adapter
+    consts = adapter.consts() if adapter is not None else consts
+    shards = adapter.shards if adapter is not None else shards
     n = np.shape(consts.count)[0]
     d_out = np.shape(consts.push_out)[-1]
     d = np.shape(consts.phi)[-1]
     h = schedule.ring_size
     in_to_out = (graph.slot_tables()["in_to_out_slot"] if graph is not None
                  else np.zeros((1, 1), np.int64))
-    init = node_lib.init_state(consts)
-    self._rows = np.shape(consts.phi)[1]
-    flat = lambda x: np.reshape(x, (-1,) + np.shape(x)[2:])
-    consts = consts._replace(**{f: flat(getattr(consts, f)) for f in node_lib.ROW_FIELDS})
-    init = init._replace(table=flat(init.table))
+    init = node_lib.pooled_init(consts, shards)
     with jax.enable_x64(True):
       self._consts = jax.tree.map(jnp.asarray, consts)
       self._in_to_out = jnp.asarray(in_to_out)
       self._theta_star = jnp.asarray(theta_star, jnp.float64)
       self.carry = Carry(jax.tree.map(jnp.asarray, init),
                          Ring(jnp.zeros((h, d)), jnp.zeros((h, d_out, d)),
-                              jnp.zeros(h, jnp.int64)),
+                              -jnp.ones(h, jnp.int64)),
                          jnp.asarray(relative_errors(init.theta, theta_star)))
     self.theta_star = np.asarray(theta_star)
     self.n = n
     self.k = 0
     self.clock = 0.0
+    self.events: list[dict[str, Any]] = []  # re-plans and step back-offs, as they happened
 
   def run_chunk(self) -> tuple[Chunk, np.ndarray]:
-    """Draw and replay the next chunk; returns it with the worst error after each event."""
+    """Draw and replay the next chunk; returns it with the worst error after each event.
+    Then, if the nodes' measured speeds have moved (`adaptive.Adapter.observe`), re-plans the
+    layout for the chunks that follow."""
     chunk = self.schedule.next_chunk()
     with jax.enable_x64(True):
       self.carry, worst = _replay(self._consts, self._in_to_out, self._theta_star, self.carry,
@@ -220,19 +229,44 @@ class Simulation:
       worst = np.asarray(worst)
     self.k = int(chunk.k[-1]) + 1
     self.clock = max(self.clock, float(chunk.done.max()))
+    if self.adapter is not None and self.adapter.observe(
+        chunk.node, chunk.done - chunk.read):
+      self.relayout("replan", speeds=[round(float(v), 4) for v in self.adapter.measured])
     return chunk, worst
 
+  def relayout(self, why: str, **info: Any) -> None:
+    """Rebuilds the constants from the adapter and carries the states over (`adaptive.migrate`)."""
+    old = jax.tree.map(np.asarray, self._consts)
+    new = self.adapter.consts()
+    states = adaptive.migrate(self.adapter.rows, old, new, jax.tree.map(np.asarray,
+                                                                        self.carry.states))
+    with jax.enable_x64(True):
+      self._consts = jax.tree.map(jnp.asarray, new)
+      self.carry = self.carry._replace(states=jax.tree.map(jnp.asarray, states))
+    self.events.append({"event": why, "k": self.k, "time": self.clock,
+                        "shards_per_node": self.adapter.held().tolist(), **info})
+
+  def back_off(self, to: Carry, factor: float = 0.5) -> None:
+    """Returns to the carry `to` (an earlier one of this run) with every step times `factor`.
+    Messages in flight at that point are forgotten (the push channel's running sums make that
+    harmless), since the ring's slots have been written since."""
+    self.carry = to._replace(ring=to.ring._replace(stamp=-jnp.ones_like(to.ring.stamp)))
+    if self.adapter is not None:
+      self.adapter.step_scale *= factor
+      self.relayout("step_backoff", step_scale=self.adapter.step_scale)
+    else:
+      with jax.enable_x64(True):
+        self._consts = self._consts._replace(alpha=self._consts.alpha * factor,
+                                             beta=self._consts.beta * factor)
+      self.events.append({"event": "step_backoff", "k": self.k, "time": self.clock})
+
   def states(self) -> node_lib.NodeState:
-    """Stacked [N, ...] node states (numpy), the table back in [N, M, 2] form."""
-    states = jax.tree.map(np.asarray, self.carry.states)
-    return states._replace(table=states.table.reshape(self.n, self._rows, 2))
+    """Stacked [N, ...] node states (numpy); table [R, 2], w and g_w [K, d] are pooled."""
+    return jax.tree.map(np.asarray, self.carry.states)
 
   def consts(self) -> node_lib.NodeConst:
-    """Stacked [N, ...] node constants (numpy), row fields back in [N, M, ...] form."""
-    consts = jax.tree.map(np.asarray, self._consts)
-    return consts._replace(**{f: getattr(consts, f).reshape((self.n, self._rows)
-                                                              + getattr(consts, f).shape[1:])
-                              for f in node_lib.ROW_FIELDS})
+    """The current constants (numpy): row fields pooled [R, ...], the others [N]."""
+    return jax.tree.map(np.asarray, self._consts)
 
   def theta(self) -> np.ndarray:
     return np.asarray(self.carry.states.theta)
@@ -240,30 +274,43 @@ class Simulation:
 
 def build(problem: Problem, graph: Graph | None, mode: str, timing: Timing, alpha: float,
           beta: float, sampling: str = "uniform", seed: int = 0, chunk: int = 4096,
-          pull_lag: float = 0.0) -> Simulation:
+          pull_lag: float = 0.0, plan: adaptive.Plan | None = None) -> Simulation:
   """A `Simulation` of `mode` ('async', 'sync' or 'centralized') on this problem.
 
+  `plan` (async only): what the allocation and weights follow (`adaptive.Plan`); None keeps
+  the problem's own allocation and the graph's own weights for the whole run.
   `pull_lag` (see `node.network_consts`) applies to 'async' only: in rounds every copy a node
   pulls is exactly as old as its own iterate, so there is no lag to make up for.
   """
   theta_star = problem.theta_star()
   if mode == "centralized":
-    consts = node_lib.centralized_const(problem, alpha, beta, sampling, seed)
-    return Simulation(consts, None, CentralSchedule(timing, chunk), theta_star)
-  consts = node_lib.network_consts(problem, graph, alpha, beta, sampling, seed,
-                                   synchronous=mode == "sync",
-                                   pull_lag=pull_lag if mode == "async" else 0.0)
-  if mode == "async":
-    return Simulation(consts, graph, AsyncSchedule(graph, timing, chunk), theta_star)
-  if mode == "sync":
-    return Simulation(consts, graph, SyncSchedule(graph, timing, chunk), theta_star)
-  raise ValueError(f"--mode={mode!r}: must be one of {', '.join(MODES)}")
+    c = node_lib.centralized_const(problem, alpha, beta, sampling, seed)
+    c = c._replace(**{f: getattr(c, f)[0] for f in node_lib.ROW_FIELDS})
+    return Simulation(None, None, CentralSchedule(timing, chunk), theta_star, consts=c,
+                      shards=problem.shards)
+  if mode not in ("async", "sync"):
+    raise ValueError(f"--mode={mode!r}: must be one of {', '.join(MODES)}")
+  if mode == "sync" or plan is None:
+    # As given: the problem's allocation, the graph's weights, nothing measured.
+    declared = graph.speeds or ()
+    plan = adaptive.Plan("speed", "speed" if declared else "uniform", declared)
+    adapter = adaptive.Adapter(node_lib.pool(problem), graph, problem.rho, alpha, beta, plan,
+                               sampling, seed, synchronous=mode == "sync",
+                               pull_lag=pull_lag if mode == "async" else 0.0,
+                               held=problem.shards_per_node())
+  else:
+    adapter = adaptive.Adapter(node_lib.pool(problem), graph, problem.rho, alpha, beta, plan,
+                               sampling, seed, pull_lag=pull_lag)
+  schedule = (AsyncSchedule(graph, timing, chunk) if mode == "async"
+              else SyncSchedule(graph, timing, chunk))
+  return Simulation(adapter, graph, schedule, theta_star)
 
 
 def run(sim: Simulation, tol: float = 1e-10, max_updates: int = 10_000_000,
         max_time: float = math.inf, max_wall_s: float = math.inf, record_every: int = 0,
         milestones: tuple[float, ...] = (1e-4, 1e-6, 1e-8, 1e-10), divergence: float = 1e6,
-        on_record: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+        on_record: Callable[[dict[str, Any]], None] | None = None, backoffs: int = 0,
+        backoff_growth: float = 10.0) -> RunResult:
   """Run until the worst node's relative error is below `tol` or a budget is spent.
 
   Args:
@@ -273,12 +320,18 @@ def run(sim: Simulation, tol: float = 1e-10, max_updates: int = 10_000_000,
       per chunk, so a run may overshoot by under one chunk).
     record_every: events between curve records; 0 means once per chunk.
     milestones: tolerances whose first crossing (event, virtual time) is reported.
-    divergence: the run fails when the worst error exceeds this multiple of its start.
-    on_record: called with each record (a dict), e.g. to print progress or append JSONL.
+    divergence: with no back-off left, the run fails when the worst error exceeds this
+      multiple of its start.
+    on_record: called with each record (a dict), e.g. to print progress or append JSONL; a
+      re-plan or back-off is recorded as {"event": ...} (`Simulation.events`).
+    backoffs: how many times the steps may be halved: when the worst error at the end of a
+      chunk is non-finite or above `backoff_growth` times the lowest one at a chunk end so far,
+      the run returns to that lowest point with every step halved (logged as a
+      "step_backoff" event). 0: no back-off, a blow-up raises.
 
   Raises:
-    DivergenceError: non-finite iterates or error growth past `divergence`, naming the
-      step-size flags.
+    DivergenceError: non-finite iterates or error growth past `divergence` with no back-off
+      left, naming the step-size flags.
   """
   t0 = time.perf_counter()
   curve: list[tuple[int, float, float]] = []
@@ -287,6 +340,9 @@ def run(sim: Simulation, tol: float = 1e-10, max_updates: int = 10_000_000,
   start_err = float(np.max(relative_errors(sim.theta(), sim.theta_star)))
   wanted = sorted(set(milestones) | {tol}, reverse=True)
   stopped = "max_updates"
+  best = (start_err, sim.carry)
+  left = backoffs
+  logged = 0
 
   def snapshot() -> None:
     theta = sim.theta()
@@ -310,12 +366,26 @@ def run(sim: Simulation, tol: float = 1e-10, max_updates: int = 10_000_000,
     if record_every:
       pos = np.flatnonzero((chunk.k + 1) % record_every == 0)
       curve += [(int(chunk.k[p]) + 1, float(clock_at[p]), float(worst[p])) for p in pos]
+    end_err = float(worst[-1])
+    if left and not (math.isfinite(end_err) and end_err <= backoff_growth * best[0]):
+      left -= 1
+      sim.back_off(best[1])
+      sim.events[-1].update(worst_rel_error=end_err, returned_to=best[0])
+    elif math.isfinite(end_err) and end_err < best[0]:
+      best = (end_err, sim.carry)
     snapshot()
+    if on_record is not None:
+      for ev in sim.events[logged:]:
+        on_record(ev)
+    logged = len(sim.events)
     if not np.all(np.isfinite(worst)) or worst.max() > divergence * max(start_err, 1e-300):
-      raise DivergenceError(
-          f"diverged after {sim.k} updates (worst relative error {worst.max():.3g}, started at "
-          f"{start_err:.3g}): the step sizes are too large for this problem and network; "
-          "lower --alpha and/or --beta")
+      if not (sim.events and sim.events[-1]["event"] == "step_backoff"
+              and sim.events[-1]["k"] == sim.k):
+        raise DivergenceError(
+            f"diverged after {sim.k} updates (worst relative error {worst.max():.3g}, started "
+            f"at {start_err:.3g}): the step sizes are too large for this problem and network; "
+            "lower --alpha and/or --beta" + (f" (after {backoffs} back-offs)" if backoffs
+                                             else ""))
     if tol in crossings:
       stopped = "tol"
       break
@@ -335,4 +405,7 @@ def run(sim: Simulation, tol: float = 1e-10, max_updates: int = 10_000_000,
       node_k=np.array([s[0] for s in snaps]), node_time=np.array([s[1] for s in snaps]),
       node_err=np.stack([s[2] for s in snaps]), consensus=np.array([s[3] for s in snaps]),
       theta=sim.theta(), theta_star=sim.theta_star, crossings=crossings, updates=sim.k,
-      elapsed=sim.clock, wall_s=time.perf_counter() - t0, stopped=stopped)
+      elapsed=sim.clock, wall_s=time.perf_counter() - t0, stopped=stopped,
+      extra={"events": list(sim.events),
+             "step_backoffs": sum(e["event"] == "step_backoff" for e in sim.events),
+             "replans": sum(e["event"] == "replan" for e in sim.events)})
