@@ -101,8 +101,17 @@ def _problem(step: Path, version: int) -> str | None:
 
 
 def _problem_reading(item: Path) -> str | None:
-  """Why the pytree saved in folder `item` does not read back on the host, or None. Every
-  array is read and decoded as numpy (what a restore reads, without a device's memory)."""
+  """Why the pytree saved in folder `item` does not read back on the host, or None."""
+  try:
+    read_on_host(item)
+  except Exception as e:  # noqa: BLE001 - whatever the reason, it does not read back
+    return _why(e)
+  return None
+
+
+def read_on_host(item: Path) -> Any:
+  """The pytree saved in a checkpoint's item folder (RUN_DIR/checkpoints/<version>/state, say)
+  as numpy arrays: every array read and decoded as a restore would, none placed on a device."""
   import numpy as np
   import orbax.checkpoint as ocp
   from etils import epath
@@ -111,12 +120,9 @@ def _problem_reading(item: Path) -> str | None:
   try:
     tree = handler.metadata(epath.Path(item)).tree
     as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-    handler.restore(epath.Path(item), args=ocp.args.PyTreeRestore(restore_args=as_numpy))
-  except Exception as e:  # noqa: BLE001 - whatever the reason, it does not read back
-    return _why(e)
+    return handler.restore(epath.Path(item), args=ocp.args.PyTreeRestore(restore_args=as_numpy))
   finally:
     handler.close()
-  return None
 
 
 class Checkpointer:
