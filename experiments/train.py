@@ -70,20 +70,20 @@ def main(argv: list[str]) -> int:
     if _LAYOUT.value not in LAYOUTS:
       raise ConfigError("layout", _LAYOUT.value, f"must be one of {', '.join(LAYOUTS)}")
     config, _ = resolve_config()
-    from jaxrl_async.runtime import setup  # imports JAX; after the cheap checks
+    from jaxrl_async.runtime import jax_config  # imports JAX; after the cheap checks
 
-    setup.configure_jax(config)
+    jax_config.configure_jax(config)
     if config.distributed.enabled:  # joins the cluster: before anything touches a device
-      from jaxrl_async.runtime import distributed
+      from jaxrl_async.runtime.cluster import hosts
 
       try:
-        distributed.initialize(config.distributed)
-      except distributed.ClusterError as e:
+        hosts.initialize(config.distributed)
+      except hosts.ClusterError as e:
         print(f"train: {e}", file=sys.stderr)
         return 1
       from jaxrl_async.runtime.accelerator import warn_if_cpu_fallback
 
-      warn_if_cpu_fallback()  # setup.configure_jax left it to after joining the cluster
+      warn_if_cpu_fallback()  # jax_config.configure_jax left it to after joining the cluster
     from jaxrl_async.layout import detect_host
     from jaxrl_async.metrics import wall_s
 
@@ -111,10 +111,10 @@ def main(argv: list[str]) -> int:
       import traceback
 
       traceback.print_exc()
-      _leave_cluster_now(1, distributed.describe_failure(e, config.distributed))
+      _leave_cluster_now(1, hosts.describe_failure(e, config.distributed))
     raise
   if config.distributed.enabled:
-    distributed.mark_done()
+    hosts.mark_done()
   s = result.summary
   print(f"done: {s['stop_reason']} solved={s['solved']} solved_wall_s={s['solved_wall_s']} "
         f"solved_env_steps={s['solved_env_steps']} return_mean={s['final_return_mean']} "
@@ -139,9 +139,9 @@ def default_run_dir(preset_name: str, config: TrainConfig, root: Path = Path("ru
 def _leave_cluster_now(status: int, why: str) -> None:
   """In a multi-process run, exits at once: JAX's shutdown barrier would wait for peers that
   wait for this process in a collective. Does nothing before the cluster was joined."""
-  distributed = sys.modules.get("jaxrl_async.runtime.distributed")
-  if distributed is not None and distributed.joined():
-    distributed.exit_now(status, why)
+  hosts = sys.modules.get("jaxrl_async.runtime.cluster.hosts")
+  if hosts is not None and hosts.joined():
+    hosts.exit_now(status, why)
 
 
 def install_signal_handlers(trainer) -> None:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-# The actor's per-step path (runtime/actor.py, ActorTimers), in the order a step takes it;
+# The actor's per-step path (runtime/pipeline/actor.py, ActorTimers), in the order a step takes it;
 # metrics.jsonl carries each as cumulative seconds summed over the actor threads.
 STEP_SPLIT = ("env_recv_s", "h2d_s", "inference_s", "d2h_s", "env_send_s", "write_s")
 

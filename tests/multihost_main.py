@@ -49,7 +49,7 @@ def save_params(params, path):
 
 def reference(out_dir):
   """The update as one process with 4 devices computes it: what the 2 x 2 run must match."""
-  from jaxrl_async.runtime.learner import compile_update
+  from jaxrl_async.runtime.learners.on_policy import compile_update
 
   config = small_config(num_envs=B, rollout_len=T, learner_devices=4)
   spec = envs.env_spec(config.env)
@@ -85,7 +85,7 @@ def check_globalize(layout):
 
 def global_step(config, layout, out_dir):
   """The fixed batch's update as one global step over 2 processes x 2 devices."""
-  from jaxrl_async.runtime.multihost import compile_global_update
+  from jaxrl_async.runtime.cluster.lockstep import compile_global_update
   from jaxrl_async.runtime.sharding import globalize, process_local, replicated
 
   spec = envs.env_spec(config.env)
@@ -120,7 +120,7 @@ def train(config, run_dir):
 
 
 def worker(pid, port, run_dir, out_dir):
-  from jaxrl_async.runtime import distributed
+  from jaxrl_async.runtime.cluster import hosts
 
   # The global step and both runs compile the same update: after process 0 compiled it once,
   # the persistent cache serves the other two (a cold compile takes ~20 s on 2 busy cores).
@@ -129,9 +129,9 @@ def worker(pid, port, run_dir, out_dir):
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   t0 = time.time()
   config = worker_config(pid, port)
-  distributed.initialize(config.distributed)
+  hosts.initialize(config.distributed)
   assert jax.process_count() == 2 and jax.device_count() == 4, jax.devices()
-  layout = distributed.check_cluster(config)
+  layout = hosts.check_cluster(config)
   check_globalize(layout)
   out = {"process": pid, "global_step": global_step(config, layout, out_dir)}
   out["global_step_s"] = time.time() - t0
@@ -145,7 +145,7 @@ def worker(pid, port, run_dir, out_dir):
                          max_wall_s=3.0 if pid == 1 else 0.0, log_every_s=0.3)
   out["second"] = train(second, run_dir)
   out["second_s"] = time.time() - t0
-  distributed.mark_done()
+  hosts.mark_done()
   print("RESULT " + json.dumps(out), flush=True)
 
 

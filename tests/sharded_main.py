@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 
 from jaxrl_async import envs  # noqa: E402
 from jaxrl_async.algos import make_algorithm  # noqa: E402
-from jaxrl_async.runtime.learner import compile_update  # noqa: E402
+from jaxrl_async.runtime.learners.on_policy import compile_update  # noqa: E402
 from jaxrl_async.runtime.sharding import (  # noqa: E402
   LEARNER_AXIS,
   check_replicated,

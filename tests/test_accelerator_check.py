@@ -150,12 +150,12 @@ def test_warn_if_cpu_fallback_never_raises(monkeypatch):
 def test_configure_jax_runs_the_check_except_before_joining_a_cluster(monkeypatch):
   import jax
 
-  from jaxrl_async.runtime import setup
+  from jaxrl_async.runtime import jax_config
 
   monkeypatch.setattr(jax.config, "update", lambda *args: None)  # keep the suite's settings
   calls = []
   monkeypatch.setattr(accelerator, "warn_if_cpu_fallback", lambda: calls.append(1))
-  setup.configure_jax(small_config(compilation_cache=False))
+  jax_config.configure_jax(small_config(compilation_cache=False))
   assert calls == [1]
-  setup.configure_jax(small_config(compilation_cache=False, coordinator_address="127.0.0.1:1"))
+  jax_config.configure_jax(small_config(compilation_cache=False, coordinator_address="127.0.0.1:1"))
   assert calls == [1]  # a multi-process run's backend must wait for jax.distributed.initialize

@@ -9,10 +9,10 @@ import pytest
 
 from jaxrl_async import envs
 from jaxrl_async.metrics import EpisodeStats
-from jaxrl_async.runtime.actor import Actor
-from jaxrl_async.runtime.params import ParamStore
-from jaxrl_async.runtime.queue import RolloutQueue
-from jaxrl_async.runtime.rate import RateController
+from jaxrl_async.runtime.pipeline.actor import Actor
+from jaxrl_async.runtime.pipeline.params import ParamStore
+from jaxrl_async.runtime.pipeline.queue import RolloutQueue
+from jaxrl_async.runtime.pipeline.rate import RateController
 from jaxrl_async.runtime.trainer import Trainer
 from tests.conftest import small_config
 from tests.fakes import fake_factory

@@ -7,7 +7,7 @@ import types
 import pytest
 
 from jaxrl_async import envs
-from jaxrl_async.runtime.balance import ActorGate, Balancer
+from jaxrl_async.runtime.pipeline.balance import ActorGate, Balancer
 from jaxrl_async.runtime.trainer import Trainer
 from tests.conftest import small_config
 

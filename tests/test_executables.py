@@ -47,8 +47,8 @@ _HOST_VARIANTS = (
 def _lowered_programs(config) -> dict[str, str]:
   """The text of every program the executable cache serves, lowered as the trainer does."""
   from jaxrl_async import envs
-  from jaxrl_async.runtime.learner import lower_update
-  from jaxrl_async.runtime.policy_step import lower_policy_step
+  from jaxrl_async.runtime.learners.on_policy import lower_update
+  from jaxrl_async.runtime.pipeline.policy_step import lower_policy_step
   from jaxrl_async.runtime.trainer import Trainer
 
   spec = envs.env_spec(config.env)
@@ -60,7 +60,7 @@ def _lowered_programs(config) -> dict[str, str]:
     programs[f"policy-{i}"] = lower_policy_step(
         trainer.algo.make_policy(i), trainer.algo.actor_params(abstract), spec,
         config.env.batch_size, trainer.actor_device).as_text()
-  if not trainer.algo.off_policy:  # DQN's update compiles in runtime/offpolicy.py, uncached
+  if not trainer.algo.off_policy:  # DQN's update compiles in learners/replay_step.py, uncached
     programs["update"] = lower_update(config, spec, trainer.algo, trainer.mesh,
                                       abstract).as_text()
   return programs
@@ -129,7 +129,7 @@ _DRIVER = """
 import sys
 import jax, numpy as np
 from jaxrl_async import envs
-from jaxrl_async.runtime import setup
+from jaxrl_async.runtime import jax_config
 from jaxrl_async.runtime.trainer import Trainer
 from tests.conftest import small_config
 from jaxrl_async.runtime.executables import ExecutableCache
@@ -138,7 +138,7 @@ if mode == "xla_only":  # JAX's persistent cache on, the executable cache off
   ExecutableCache.for_config = classmethod(lambda cls, config: cls(None, config))
 config = small_config(max_policy_lag=0, num_actors=1, total_env_steps=3_000,
                       compilation_cache_dir=cache_dir)
-setup.configure_jax(config)
+jax_config.configure_jax(config)
 result = Trainer(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run()
 leaves = jax.tree.leaves(jax.device_get(result.state.params))
 np.savez(run_dir + "/params.npz", *leaves)

@@ -22,10 +22,10 @@ from jaxrl_async.algos.base import Rollout, concat_rollouts, lag_weight
 from jaxrl_async.algos.impala import vtrace_loss
 from jaxrl_async.config import ConfigError
 from jaxrl_async.networks import ActorCritic
-from jaxrl_async.runtime.learner import Learner, skip_nonfinite
-from jaxrl_async.runtime.params import ParamStore
-from jaxrl_async.runtime.queue import RolloutInfo, RolloutQueue
-from jaxrl_async.runtime.rate import RateController
+from jaxrl_async.runtime.learners.on_policy import Learner, skip_nonfinite
+from jaxrl_async.runtime.pipeline.params import ParamStore
+from jaxrl_async.runtime.pipeline.queue import RolloutInfo, RolloutQueue
+from jaxrl_async.runtime.pipeline.rate import RateController
 from jaxrl_async.runtime.sharding import (
   LEARNER_AXIS,
   data_parallel,

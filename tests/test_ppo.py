@@ -229,7 +229,7 @@ def sharded_check():
   (epochs, obs normalisation, advantage normalisation) on 4 devices equals the same update on
   1, and replicas stay identical."""
   from jaxrl_async.algos import make_algorithm
-  from jaxrl_async.runtime.learner import compile_update
+  from jaxrl_async.runtime.learners.on_policy import compile_update
   from jaxrl_async.runtime.sharding import (
     LEARNER_AXIS,
     check_replicated,

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from jaxrl_async.config import RateConfig
-from jaxrl_async.runtime.queue import QueueClosed, QueueOverflow, RolloutInfo, RolloutQueue
-from jaxrl_async.runtime.rate import RateController
+from jaxrl_async.runtime.pipeline.queue import QueueClosed, QueueOverflow, RolloutInfo, RolloutQueue
+from jaxrl_async.runtime.pipeline.rate import RateController
 
 
 def simulate(K: int, U: int, actors: int, updates: int, seed: int, async_overflow: bool = False):

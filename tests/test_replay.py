@@ -16,11 +16,11 @@ import pytest
 
 from jaxrl_async import envs
 from jaxrl_async.checkpoint import Checkpointer
-from jaxrl_async.runtime import actor as actor_mod
-from jaxrl_async.runtime import offpolicy
-from jaxrl_async.runtime import replay as replay_lib
+from jaxrl_async.runtime.learners import replay_buffer as replay_lib
+from jaxrl_async.runtime.learners import replay_step as offpolicy
+from jaxrl_async.runtime.learners.spi_limiter import SampleToInsertRatio, min_error_buffer
+from jaxrl_async.runtime.pipeline import actor as actor_mod
 from jaxrl_async.runtime.sharding import LEARNER_AXIS, batch_sharding, learner_mesh, replicated
-from jaxrl_async.runtime.spi import SampleToInsertRatio, min_error_buffer
 from jaxrl_async.runtime.trainer import Trainer
 from tests.conftest import small_config
 

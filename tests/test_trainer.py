@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from jaxrl_async import envs
-from jaxrl_async.runtime import actor as actor_mod
-from jaxrl_async.runtime import learner as learner_mod
+from jaxrl_async.runtime.learners import on_policy as learner_mod
+from jaxrl_async.runtime.pipeline import actor as actor_mod
 from jaxrl_async.runtime.trainer import ThreadFailed, Trainer
 from tests.conftest import small_config
 

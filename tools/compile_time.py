@@ -35,11 +35,11 @@ def main() -> None:
   cache = ({"compilation_cache_dir": args.cache_dir} if args.cache_dir
            else {"compilation_cache": False})
   config = TrainConfig.from_flat({**preset(args.preset), **json.loads(args.flags), **cache})
-  from jaxrl_async.runtime import setup
+  from jaxrl_async.runtime import jax_config
 
-  setup.configure_jax(config)
-  from jaxrl_async.runtime.learner import lower_update
-  from jaxrl_async.runtime.policy_step import lower_policy_step
+  jax_config.configure_jax(config)
+  from jaxrl_async.runtime.learners.on_policy import lower_update
+  from jaxrl_async.runtime.pipeline.policy_step import lower_policy_step
   from jaxrl_async.runtime.trainer import _RUN_ONCE_OPTIONS, Trainer, validate
 
   spec = validate(config, None)

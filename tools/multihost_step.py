@@ -36,10 +36,10 @@ def _worker(preset: str, steps: int, mode: str, process_id: int, port: int) -> N
                   coordinator_address=f"127.0.0.1:{port}")
   cfg = TrainConfig.from_flat(values)
   if mode == "multi":
-    from jaxrl_async.runtime import distributed
+    from jaxrl_async.runtime.cluster import hosts
 
-    distributed.initialize(cfg.distributed)
-  from jaxrl_async.runtime.distributed import host_layout
+    hosts.initialize(cfg.distributed)
+  from jaxrl_async.runtime.cluster.hosts import host_layout
 
   layout = host_layout(cfg)
   spec = envs.env_spec(cfg.env)
@@ -55,7 +55,7 @@ def _worker(preset: str, steps: int, mode: str, process_id: int, port: int) -> N
       valid=rng.random((T, B)) > 0.1,
       extras={"logp": np.log(rng.uniform(0.2, 0.8, size=(T, B))).astype(np.float32)})
   if mode == "multi":
-    from jaxrl_async.runtime.multihost import compile_global_update
+    from jaxrl_async.runtime.cluster.lockstep import compile_global_update
     from jaxrl_async.runtime.sharding import globalize, process_local
 
     step = compile_global_update(cfg, spec, algo, layout.learner_mesh, state, 2)
@@ -67,7 +67,7 @@ def _worker(preset: str, steps: int, mode: str, process_id: int, port: int) -> N
       np.asarray(agreed)  # what the learner waits on every update
       return state
   else:
-    from jaxrl_async.runtime.learner import compile_update
+    from jaxrl_async.runtime.learners.on_policy import compile_update
 
     step = compile_update(cfg, spec, algo, layout.learner_mesh, state)
 

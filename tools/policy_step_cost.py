@@ -20,7 +20,7 @@ import numpy as np
 from jaxrl_async import envs
 from jaxrl_async.algos import make_algorithm
 from jaxrl_async.config import TrainConfig
-from jaxrl_async.runtime.policy_step import (
+from jaxrl_async.runtime.pipeline.policy_step import (
   PolicyOutputs,
   actor_key_data,
   compile_policy_step,

@@ -17,7 +17,7 @@ import random
 
 from jaxrl_async.config import RateConfig
 from jaxrl_async.layout import rollouts_per_update
-from jaxrl_async.runtime.rate import RateController
+from jaxrl_async.runtime.pipeline.rate import RateController
 
 
 def simulate(n: int, k: int, u: int, learner_s: float = 0.02, jitter: float = 0.3,

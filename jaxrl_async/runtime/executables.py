@@ -9,7 +9,7 @@ library versions, the devices, the resolved config (less the fields that never r
 program) and the program's name.
 
 It lives beside XLA's cache (`<its directory>/executables`), is on where that cache is
-configured (`runtime/setup.py`; `--compilation_cache=false` turns both off), and serves
+configured (`runtime/jax_config.py`; `--compilation_cache=false` turns both off), and serves
 single-process runs only (a multi-process program also depends on the other hosts).
 A file that fails to load is removed and the program compiled again. Like any pickle, the files
 are trusted: they are this user's own cache.

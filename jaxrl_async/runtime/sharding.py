@@ -147,7 +147,7 @@ def check_replicated(tree: Any) -> None:
     raise AssertionError(f"replicated params differ across devices: {prints}")
 
 
-# -- several processes (runtime/multihost.py) -------------------------------------------------
+# -- several processes (runtime/cluster/lockstep.py) ---------------------------------------
 # A global mesh spans every process's learner devices; a process can only place data on its own.
 # So actors put rollouts on their host's *local* learner mesh (put_batch, as in one process), and
 # the learner stitches the hosts' parts into one global array, without copying.

@@ -26,15 +26,15 @@ from jaxrl_async.checkpoint import Checkpointer
 from jaxrl_async.config import TrainConfig
 from jaxrl_async.loggers import make_logger
 from jaxrl_async.metrics import EpisodeStats, MetricsWriter, wall_s
-from jaxrl_async.runtime.actor import Actor
-from jaxrl_async.runtime.balance import ActorGate, Balancer
 from jaxrl_async.runtime.executables import ExecutableCache
-from jaxrl_async.runtime.learner import Learner
+from jaxrl_async.runtime.learners.on_policy import Learner
 from jaxrl_async.runtime.monitor import Monitor
-from jaxrl_async.runtime.params import ParamStore
-from jaxrl_async.runtime.policy_step import compile_policy_step
-from jaxrl_async.runtime.queue import RolloutQueue
-from jaxrl_async.runtime.rate import RateController
+from jaxrl_async.runtime.pipeline.actor import Actor
+from jaxrl_async.runtime.pipeline.balance import ActorGate, Balancer
+from jaxrl_async.runtime.pipeline.params import ParamStore
+from jaxrl_async.runtime.pipeline.policy_step import compile_policy_step
+from jaxrl_async.runtime.pipeline.queue import RolloutQueue
+from jaxrl_async.runtime.pipeline.rate import RateController
 from jaxrl_async.runtime.sharding import LEARNER_AXIS, learner_mesh, replicated
 from jaxrl_async.runtime.supervision import Supervised, ThreadFailed, join_all
 from jaxrl_async.runtime.validation import check_devices, check_run_dir, validate
@@ -98,18 +98,18 @@ class Trainer:
     self.actor_devices = [self.actor_device]
     self.put_mesh = self.mesh  # where actors put rollouts: this host's learner devices
     # Multi-process runs (and explicit --actor_devices) take their devices from
-    # runtime/distributed.py; the update then runs over every host's learner devices.
+    # runtime/cluster/hosts.py; the update then runs over every host's learner devices.
     self.layout: Any = None
     self.cluster: Any = None
     if config.distributed.enabled or config.distributed.actor_devices:
-      from jaxrl_async.runtime.distributed import host_layout
+      from jaxrl_async.runtime.cluster.hosts import host_layout
 
       self.layout = host_layout(config)
       self.devices, self.actor_devices = self.layout.learner_devices, self.layout.actor_devices
       self.mesh, self.put_mesh = self.layout.learner_mesh, self.layout.local_mesh
       self.actor_device = self.actor_devices[0]
     if config.distributed.enabled:
-      from jaxrl_async.runtime.multihost import Cluster
+      from jaxrl_async.runtime.cluster.lockstep import Cluster
 
       self.cluster = Cluster(config, self.layout)
     self.algo = make_algorithm(config, self.spec, LEARNER_AXIS)
@@ -170,7 +170,7 @@ class Trainer:
     return state
 
   def _abstract_replay(self) -> Any:
-    from jaxrl_async.runtime.offpolicy import abstract_replay
+    from jaxrl_async.runtime.learners.replay_step import abstract_replay
 
     return abstract_replay(self.config, self.spec, self.algo, self.mesh)
 
@@ -286,7 +286,7 @@ class Trainer:
                     store: Any, controller: RateController) -> Any:
     learner_cls, kwargs = Learner, {"executables": self.executables}
     if self.algo.off_policy:
-      from jaxrl_async.runtime.offpolicy import OffPolicyLearner as learner_cls
+      from jaxrl_async.runtime.learners.replay_step import OffPolicyLearner as learner_cls
 
       kwargs = {"replay_future": startup.replay_future}
     if self.cluster is not None:
@@ -334,7 +334,7 @@ class Trainer:
   def _agreed(self, reason: str) -> bool:
     """Whether to stop now. One process: yes. Several must stop at the same version (each
     launches every global step): the wish rides in the learner's step to every process, and the
-    run ends when the learner finishes there (runtime/multihost.py)."""
+    run ends when the learner finishes there (runtime/cluster/lockstep.py)."""
     if self.cluster is None:
       return True
     self.cluster.request_stop(reason)

@@ -13,7 +13,8 @@ from jaxrl_async import envs
 from jaxrl_async.checkpoint import Checkpointer, check_compatible
 from jaxrl_async.config import ConfigError, TrainConfig
 
-# Algorithms that learn from a replay (runtime/offpolicy.py), which --checkpoint_replay saves.
+# Algorithms that learn from a replay (learners/replay_step.py), which --checkpoint_replay
+# saves.
 OFF_POLICY_ALGOS = ("dqn",)
 
 
@@ -46,7 +47,7 @@ def validate(config: TrainConfig, run_dir: Path | None = None) -> envs.EnvSpec:
 
   check_kind(config.run.logger)
   if config.distributed.enabled or config.distributed.actor_devices:
-    from jaxrl_async.runtime.distributed import check_cluster
+    from jaxrl_async.runtime.cluster.hosts import check_cluster
 
     check_cluster(config, Path(run_dir or config.run.run_dir))
   if config.checkpoint.resume:

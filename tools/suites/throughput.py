@@ -188,7 +188,7 @@ class _Parts:
   def policy_step(self) -> Any:
     """The actors' policy step, compiled ahead of time as the trainer does, so no compilation
     falls into a measured window."""
-    from jaxrl_async.runtime.policy_step import compile_policy_step
+    from jaxrl_async.runtime.pipeline.policy_step import compile_policy_step
 
     return compile_policy_step(self.algo.make_policy(0), self.algo.actor_params(self.state),
                                self.spec, self.config.env.batch_size, self.device)
@@ -262,10 +262,10 @@ def measure_actors_only(config: Any, spec: Any, window: Window,
 
   from jaxrl_async.config import RateConfig
   from jaxrl_async.metrics import EpisodeStats
-  from jaxrl_async.runtime.actor import Actor
-  from jaxrl_async.runtime.params import ParamStore
-  from jaxrl_async.runtime.queue import QueueClosed, RolloutQueue
-  from jaxrl_async.runtime.rate import RateController
+  from jaxrl_async.runtime.pipeline.actor import Actor
+  from jaxrl_async.runtime.pipeline.params import ParamStore
+  from jaxrl_async.runtime.pipeline.queue import QueueClosed, RolloutQueue
+  from jaxrl_async.runtime.pipeline.rate import RateController
   from jaxrl_async.runtime.supervision import Supervised, join_all
 
   parts = parts or _Parts(config, spec)
@@ -332,7 +332,7 @@ def synthetic_batch(parts: _Parts, seed: int = 0) -> tuple[Any, ...]:
   import numpy as np
 
   from jaxrl_async.algos.base import Rollout
-  from jaxrl_async.runtime.learner import batch_shapes
+  from jaxrl_async.runtime.learners.on_policy import batch_shapes
   from jaxrl_async.runtime.sharding import put_batch
 
   rng, spec = np.random.default_rng(seed), parts.spec
@@ -363,7 +363,7 @@ def measure_learner_only(config: Any, spec: Any, window: Window,
   the batch's (reuse by epochs not counted), so they compare with the actors'."""
   import jax
 
-  from jaxrl_async.runtime.learner import compile_update
+  from jaxrl_async.runtime.learners.on_policy import compile_update
 
   parts = parts or _Parts(config, spec)
   t0 = time.perf_counter()
@@ -509,9 +509,9 @@ def measure(mode: str, flat: dict[str, Any], window: Window, run_dir: Path,
 
 def configure(flat: dict[str, Any]) -> None:
   """Process-wide JAX settings (PRNG, compilation cache), as the launcher applies them."""
-  from jaxrl_async.runtime import setup
+  from jaxrl_async.runtime import jax_config
 
-  setup.configure_jax(bench_config(flat))
+  jax_config.configure_jax(bench_config(flat))
 
 
 # -- a mode in a process of its own -------------------------------------------------------------

@@ -35,11 +35,11 @@ from jaxrl_async import envs
 from jaxrl_async.algos.base import Algorithm
 from jaxrl_async.config import TrainConfig
 from jaxrl_async.metrics import EpisodeStats
-from jaxrl_async.runtime.params import ParamStore
-from jaxrl_async.runtime.policy_step import PolicyOutputs, actor_key_data, key_data_shape
-from jaxrl_async.runtime.queue import QueueClosed, RolloutInfo, RolloutQueue
-from jaxrl_async.runtime.rate import RateController
-from jaxrl_async.runtime.rollout_buffer import (
+from jaxrl_async.runtime.pipeline.params import ParamStore
+from jaxrl_async.runtime.pipeline.policy_step import PolicyOutputs, actor_key_data, key_data_shape
+from jaxrl_async.runtime.pipeline.queue import QueueClosed, RolloutInfo, RolloutQueue
+from jaxrl_async.runtime.pipeline.rate import RateController
+from jaxrl_async.runtime.pipeline.rollout_buffer import (
   EnvState,
   RolloutSegment,
   write_action,

@@ -35,11 +35,11 @@ from typing import Any
 import jax
 
 from jaxrl_async.algos.base import Rollout
-from jaxrl_async.runtime import replay as replay_lib
-from jaxrl_async.runtime.learner import Learner, batch_shapes, skip_nonfinite
-from jaxrl_async.runtime.queue import QueueClosed
+from jaxrl_async.runtime.learners import replay_buffer as replay_lib
+from jaxrl_async.runtime.learners.on_policy import Learner, batch_shapes, skip_nonfinite
+from jaxrl_async.runtime.learners.spi_limiter import SampleToInsertRatio
+from jaxrl_async.runtime.pipeline.queue import QueueClosed
 from jaxrl_async.runtime.sharding import LEARNER_AXIS, batch_sharding, replicated
-from jaxrl_async.runtime.spi import SampleToInsertRatio
 
 _WAKE_S = 0.1
 _CLOSED = object()

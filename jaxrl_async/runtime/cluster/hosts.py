@@ -4,7 +4,7 @@ Joining: `initialize` calls `jax.distributed.initialize` from the flags (coordin
 count and id) or from the cluster environment JAX detects (SLURM, Open MPI, TPU VMs), with gloo
 for CPU collectives, before anything touches a device. Every process then runs the same program:
 its own actors, rollout queue and rate controller, and one global learner step
-(runtime/multihost.py).
+(runtime/cluster/lockstep.py).
 
 Devices: `split_devices` divides a host's local devices into actor and learner devices, and
 `host_layout` builds the host's local learner mesh (actors put rollouts there) and the global

@@ -18,7 +18,7 @@ trip; every process reads the same answer at the same update, so all stop, or sa
 version. A stop takes effect one update after it is asked for.
 
 Failures are not agreed: a process that fails exits at once (`distributed.exit_now`), and its
-peers' watchdogs end them (runtime/distributed.py).
+peers' watchdogs end them (runtime/cluster/hosts.py).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from jaxrl_async.algos.base import concat_rollouts
 from jaxrl_async.checkpoint import Checkpointer
 from jaxrl_async.config import TrainConfig
 from jaxrl_async.metrics import Ema
-from jaxrl_async.runtime.distributed import HostLayout
-from jaxrl_async.runtime.learner import Learner, batch_shapes, skip_nonfinite
-from jaxrl_async.runtime.params import ParamStore
+from jaxrl_async.runtime.cluster.hosts import HostLayout
+from jaxrl_async.runtime.learners.on_policy import Learner, batch_shapes, skip_nonfinite
+from jaxrl_async.runtime.pipeline.params import ParamStore
 from jaxrl_async.runtime.sharding import (
   LEARNER_AXIS,
   batch_sharding,
@@ -86,7 +86,7 @@ def compile_global_update(config: TrainConfig, spec: Any, algo: Any, mesh: Any, 
 
 
 class MultiHostLearner(Learner):
-  """The learner loop of runtime/learner.py, stepping the global update in lockstep."""
+  """The learner loop of runtime/learners/on_policy.py, stepping the global update in lockstep."""
 
   def __init__(self, *args: Any, cluster: Cluster, **kwargs: Any):
     super().__init__(*args, **kwargs)

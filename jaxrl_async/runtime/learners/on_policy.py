@@ -22,9 +22,9 @@ import numpy as np
 from jaxrl_async.algos.base import Algorithm, Rollout, concat_rollouts
 from jaxrl_async.config import TrainConfig
 from jaxrl_async.envs import EnvSpec
-from jaxrl_async.runtime.params import ParamStore
-from jaxrl_async.runtime.queue import QueueClosed, RolloutQueue
-from jaxrl_async.runtime.rate import RateController
+from jaxrl_async.runtime.pipeline.params import ParamStore
+from jaxrl_async.runtime.pipeline.queue import QueueClosed, RolloutQueue
+from jaxrl_async.runtime.pipeline.rate import RateController
 from jaxrl_async.runtime.sharding import batch_sharding, data_parallel
 
 _WAKE_S = 0.1

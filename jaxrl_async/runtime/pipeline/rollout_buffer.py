@@ -1,5 +1,6 @@
 """Where an actor's steps go: per-rollout host buffers, each env column's place in them, and
-which envs are parked at a rollout boundary or out on an idle step (runtime/actor.py says why).
+which envs are parked at a rollout boundary or out on an idle step (pipeline/actor.py says
+why).
 
 Env e's recorded transitions [kT, (k+1)T) form column e of rollout k; EnvPool returns a step's
 reward and ends with the next obs, so obs n also closes transition n - 1 and, when n % T == 0,
