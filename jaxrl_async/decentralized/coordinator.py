@@ -27,6 +27,7 @@ import numpy as np
 import zmq
 
 from jaxrl_async.decentralized import transport
+from jaxrl_async.decentralized.adaptive import back_off_scales
 from jaxrl_async.decentralized.graphs import Graph
 from jaxrl_async.decentralized.problem import Problem, relative_errors
 from jaxrl_async.decentralized.transport import ProcessRuntimeError
@@ -164,16 +165,17 @@ class Retuner:
   it with its reports. When the speeds they give have moved by more than `hysteresis` since the
   weights in use were set (at most once per `min_gap_s`), every node gets new pull/push weights
   in proportion to them, and the steps that go with its weights (`node.network_scalars`). When
-  the worst error grows above `growth` times its lowest (or stops being finite), every step is
-  halved (at most `max_backoffs` times; the nodes cannot go back, they carry on from where they
-  are), and the lowest is reset, so one blow-up is not halved twice in a row. Each retune is
+  the worst error grows above `growth` times its lowest (or stops being finite), the steps are
+  made smaller (`adaptive.back_off_scales`, at most `max_backoffs` times; the nodes cannot go
+  back, they carry on from where they are), and the lowest is reset, so one blow-up is not
+  counted twice in a row. Each retune is
   an event in `events`.
   """
 
   def __init__(self, graph: Graph, count: np.ndarray, held: np.ndarray, shards: int,
                rho: float, alpha: float, beta: float, sampling: str, seed: int,
                pull_lag: float, measured_weights: bool, max_backoffs: int,
-               hysteresis: float = 1.25, growth: float = 10.0, min_gap_s: float = 1.0):
+               hysteresis: float = 1.5, growth: float = 10.0, min_gap_s: float = 2.0):
     self.graph, self.count, self.held, self.shards = graph, count, held, shards
     self.rho, self.alpha, self.beta = rho, alpha, beta
     self.sampling, self.seed, self.pull_lag = sampling, seed, pull_lag
@@ -182,7 +184,7 @@ class Retuner:
     n = graph.n
     self.interval = np.full(n, np.nan)
     self.speeds = np.ones(n)
-    self.step_scale, self.best, self.last_s = 1.0, math.inf, -math.inf
+    self.backoffs, self.best, self.last_s = 0, math.inf, -math.inf
     self.events: list[dict] = []
 
   def fields(self) -> list[dict[str, np.ndarray]]:
@@ -190,8 +192,9 @@ class Retuner:
     from jaxrl_async.decentralized import node as node_lib
 
     slots = self.graph.with_speeds(self.speeds if self.measured_weights else None).slot_tables()
+    alpha_scale, beta_scale = back_off_scales(self.backoffs)
     f = node_lib.network_scalars(slots, self.count, self.held, self.shards, self.rho,
-                                 self.alpha * self.step_scale, self.beta * self.step_scale,
+                                 self.alpha * alpha_scale, self.beta * beta_scale,
                                  self.sampling, self.seed, pull_lag=self.pull_lag)
     keys = ("pull_self", "pull_in", "push_self", "push_out", "alpha", "beta")
     return [{k: np.asarray(f[k][i]) for k in keys} for i in range(self.graph.n)]
@@ -206,10 +209,11 @@ class Retuner:
       return None
     if self.backoffs_left and not (math.isfinite(worst) and worst <= self.growth * self.best):
       self.backoffs_left -= 1
-      self.step_scale *= 0.5
+      self.backoffs += 1
       self.best = worst if math.isfinite(worst) else math.inf
+      alpha_scale, beta_scale = back_off_scales(self.backoffs)
       return self._event("step_backoff", elapsed, worst_rel_error=worst,
-                         step_scale=self.step_scale)
+                         alpha_scale=alpha_scale, beta_scale=beta_scale)
     self.best = min(self.best, worst)
     if not self.measured_weights or np.isnan(self.interval).any():
       return None

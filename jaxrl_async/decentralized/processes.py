@@ -190,8 +190,10 @@ def _node_loop(node_lib, control, data, links, const, state, in_slot, node_id, s
   stamp_buf = -np.ones(d_in, np.int64)
   ignored, last_report, parent = 0, 0.0, os.getppid()
   # Activation intervals, measured here and reported: an exponentially weighted mean with a
-  # half-life of 8 activations (as `adaptive.SpeedMeter`).
-  decay, interval, last_start = 0.5 ** (1 / 8), math.nan, None
+  # half-life of 64 activations (10-60 ms here). Longer than the simulator's 8: wall-clock
+  # intervals carry the OS's scheduling noise, which made 8 re-plan every second on a loaded
+  # 2-core machine.
+  decay, interval, last_start = 0.5 ** (1 / 64), math.nan, None
   start = time.monotonic()
   while True:
     now = time.monotonic()

@@ -216,6 +216,7 @@ class Simulation:
     self.k = 0
     self.clock = 0.0
     self.events: list[dict[str, Any]] = []  # re-plans and step back-offs, as they happened
+    self.backoffs = 0
 
   def run_chunk(self) -> tuple[Chunk, np.ndarray]:
     """Draw and replay the next chunk; returns it with the worst error after each event.
@@ -246,19 +247,25 @@ class Simulation:
     self.events.append({"event": why, "k": self.k, "time": self.clock,
                         "shards_per_node": self.adapter.held().tolist(), **info})
 
-  def back_off(self, to: Carry, factor: float = 0.5) -> None:
-    """Returns to the carry `to` (an earlier one of this run) with every step times `factor`.
+  def back_off(self, to: Carry) -> None:
+    """Returns to the carry `to` (an earlier one of this run) with smaller steps
+    (`adaptive.back_off_scales`).
     Messages in flight at that point are forgotten (the push channel's running sums make that
     harmless), since the ring's slots have been written since."""
     self.carry = to._replace(ring=to.ring._replace(stamp=-jnp.ones_like(to.ring.stamp)))
+    self.backoffs += 1
+    alpha_scale, beta_scale = adaptive.back_off_scales(self.backoffs)
     if self.adapter is not None:
-      self.adapter.step_scale *= factor
-      self.relayout("step_backoff", step_scale=self.adapter.step_scale)
+      self.adapter.alpha_scale, self.adapter.beta_scale = alpha_scale, beta_scale
+      self.relayout("step_backoff", alpha_scale=alpha_scale, beta_scale=beta_scale)
     else:
+      alpha_step, beta_step = adaptive.back_off_scales(self.backoffs - 1)
       with jax.enable_x64(True):
-        self._consts = self._consts._replace(alpha=self._consts.alpha * factor,
-                                             beta=self._consts.beta * factor)
-      self.events.append({"event": "step_backoff", "k": self.k, "time": self.clock})
+        self._consts = self._consts._replace(
+            alpha=self._consts.alpha * alpha_scale / alpha_step,
+            beta=self._consts.beta * beta_scale / beta_step)
+      self.events.append({"event": "step_backoff", "k": self.k, "time": self.clock,
+                          "alpha_scale": alpha_scale, "beta_scale": beta_scale})
 
   def states(self) -> node_lib.NodeState:
     """Stacked [N, ...] node states (numpy); table [R, 2], w and g_w [K, d] are pooled."""
