@@ -1,7 +1,5 @@
 """Speeds measured online and what follows them; step back-off; faults on real sockets."""
 
-import math
-
 import numpy as np
 
 from jaxrl_async.decentralized import adaptive, graphs, simulator
