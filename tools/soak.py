@@ -177,8 +177,9 @@ def run_checks(run: dict[str, Any], plan: Plan) -> tuple[list[dict], dict]:
                                  ["config"]) if run["sessions"][-1].get("summary") else None
   max_in_flight = config.rate.max_in_flight if config else 0
   flat = checks.flatness(run, plan.warmup_s)
-  found = (checks.check_resumes(run) + checks.check_optimiser(run) + checks.check_faults(run)
-           + checks.check_sigterm(run, max_in_flight) + checks.check_flat(run, flat))
+  found = (checks.check_sessions(run) + checks.check_resumes(run) + checks.check_optimiser(run)
+           + checks.check_faults(run) + checks.check_sigterm(run, max_in_flight)
+           + checks.check_flat(run, flat))
   return found, flat
 
 

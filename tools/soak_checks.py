@@ -86,6 +86,19 @@ def _check(run: dict, name: str, ok: bool, detail: str) -> dict[str, Any]:
   return {"run": run["name"], "check": name, "ok": bool(ok), "detail": detail}
 
 
+def check_sessions(run: dict) -> list[dict]:
+  """Every session lived until the soak ended it (a process that exits on its own, say on an
+  import error, is named with its stderr's last line)."""
+  out = []
+  for s in run["sessions"]:
+    lines = Path(s["stderr"]).read_text().strip().splitlines() if Path(s["stderr"]).exists() \
+        else []
+    out.append(_check(run, f"session {s['index']} ended by the soak ({s['ended_by']})",
+                      s["ended_by"] in ("SIGKILL", "SIGTERM"),
+                      f"rc {s['returncode']}; stderr: {lines[-1][:200] if lines else ''}"))
+  return out
+
+
 def check_resumes(run: dict) -> list[dict]:
   """Every resumed session restored the newest checkpoint (version and counters) and went on
   from it: its first metrics line is past the checkpoint, not back at zero."""
@@ -174,14 +187,18 @@ def check_sigterm(run: dict, max_in_flight: int) -> list[dict]:
 
 
 def warm_samples(session: dict, warmup_s: float) -> list[dict]:
-  """The session's samples from `warmup_s` after its first update (the update's compile, and
-  DQN's replay warm-up, come before it) to the signal that ended it."""
+  """The session's samples after its warm-up, to the signal that ended it. Warm-up is what a
+  process does once: it ends `warmup_s` after the first update (the update's compile, and
+  DQN's replay warm-up, come before it), and not before the first checkpoint save (orbax
+  starts two threads of its own there, for the rest of the process: 29 -> 31 here)."""
   m = session["metrics"]
   trained = [r["_t"] for r in m if r["version"] > m[0]["version"]] if m else []
   if not trained:
     return []
+  saved = [e["t"] for e in session["events"] if e["event"] == "saved"]
+  start = max(trained[0] + warmup_s, saved[0] if saved else 0.0)
   end = session.get("signal_t") or float("inf")
-  return [x for x in session["samples"] if trained[0] + warmup_s <= x["t"] < end]
+  return [x for x in session["samples"] if start <= x["t"] < end]
 
 
 def _median_change(first: float, last: float) -> float | None:

@@ -4,7 +4,7 @@
 - SOAK_FAULT_AFTER_S=S: one actor raises once, S seconds after the run's first rollout (as a
   bad env step or a driver error would); the run's --actor_restarts has to recover it.
 - SOAK_EVENTS=PATH: JSON lines for the soak to check: the fault, the checkpoint the session
-  restored (version, counters) and whether its replay came back.
+  restored (version, counters), whether its replay came back, and each checkpoint save.
 - SOAK_SAMPLE_S=S: device memory (`memory_stats()` of the first local device) every S seconds
   into SOAK_EVENTS; null where the device reports none (the CPU backend does not).
 """
@@ -56,11 +56,17 @@ def inject_actor_fault(after_s: float) -> None:
   actor_cls._emit = faulty_emit
 
 
-def record_restores() -> None:
-  """Events for what the session restored: the checkpoint's version and counters, the replay."""
+def record_checkpoints() -> None:
+  """Events for what the session restored (the checkpoint's version and counters, the replay)
+  and for each save it started."""
   from jaxrl_async.checkpoint import Checkpointer
 
-  restore, restore_replay = Checkpointer.restore, Checkpointer.restore_replay
+  save, restore, restore_replay = Checkpointer.save, Checkpointer.restore, \
+      Checkpointer.restore_replay
+
+  def recorded_save(self, version: int, *args: Any, **kwargs: Any) -> Any:
+    event("saved", version=int(version))
+    return save(self, version, *args, **kwargs)
 
   def recorded_restore(self, *args: Any, **kwargs: Any) -> Any:
     out = restore(self, *args, **kwargs)
@@ -74,7 +80,8 @@ def record_restores() -> None:
     event("replay_restored", ok=out is not None)
     return out
 
-  Checkpointer.restore, Checkpointer.restore_replay = recorded_restore, recorded_restore_replay
+  Checkpointer.save, Checkpointer.restore = recorded_save, recorded_restore
+  Checkpointer.restore_replay = recorded_restore_replay
 
 
 def sample_device_memory(every_s: float) -> None:
@@ -105,7 +112,7 @@ def main() -> None:
 
   if os.environ.get("SOAK_FAULT_AFTER_S"):
     inject_actor_fault(float(os.environ["SOAK_FAULT_AFTER_S"]))
-  record_restores()
+  record_checkpoints()
   if os.environ.get("SOAK_SAMPLE_S"):
     sample_device_memory(float(os.environ["SOAK_SAMPLE_S"]))
   app.run(train.main, flags_parser=parse_flags)
