@@ -109,6 +109,8 @@ def test_default_shards_are_160_row_runs_and_the_remedy_is_on():
   assert PolicyEvalConfig(nodes=3).n_shards == 78
   assert not PolicyEvalConfig(mode="sync").adapts
   assert PolicyEvalConfig(stragglers=1, straggler_after=5.0).plan.measures
+  # The default out-degree of a random graph is one that two nodes can have.
+  assert PolicyEvalConfig(nodes=2, topology="random").n_out_degree == 1
 
 
 def test_processes_converge_over_lossy_delayed_reordering_links():

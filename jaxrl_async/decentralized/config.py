@@ -55,7 +55,8 @@ class PolicyEvalConfig:
 
   nodes: int = _f(4, "Number of nodes N.")
   topology: str = _f("exponential", f"Directed graph: {', '.join(TOPOLOGIES)}.")
-  out_degree: int = _f(2, "Out-degree of each node for --topology=random.")
+  out_degree: int = _f(0, "Out-degree of each node for --topology=random; 0: min(2, N - 1) "
+                       "(2 is more than two nodes can have).")
   edges: str = _f("", "Directed edges for --topology=custom, as src-dst pairs: '0-1,1-2,2-0'.")
   data: str = _f("random_mdp", f"Data source: {', '.join(DATA)}.")
   split: str = _f("parallel", "parallel: the --samples transitions are divided among the nodes; "
@@ -134,11 +135,11 @@ class PolicyEvalConfig:
                     "run's results is refused unless --overwrite.")
 
   def __post_init__(self):
-    for name in ("nodes", "out_degree", "states", "max_updates"):
+    for name in ("nodes", "states", "max_updates"):
       value = getattr(self, name)
       if not (_is_int(value) and value >= 1):
         raise ConfigError(name, value, "must be an integer >= 1")
-    for name in ("features", "stragglers", "seed", "samples", "max_backoffs"):
+    for name in ("features", "stragglers", "seed", "samples", "max_backoffs", "out_degree"):
       value = getattr(self, name)
       if not (_is_int(value) and value >= 0):
         raise ConfigError(name, value, "must be an integer >= 0")
@@ -174,7 +175,7 @@ class PolicyEvalConfig:
     if self.stragglers > self.nodes:
       raise ConfigError("stragglers", self.stragglers,
                         f"must be <= --nodes={self.nodes}")
-    if self.topology == "random" and self.nodes > 1 and not self.out_degree <= self.nodes - 1:
+    if self.topology == "random" and self.nodes > 1 and not self.n_out_degree <= self.nodes - 1:
       raise ConfigError("out_degree", self.out_degree,
                         f"must be in [1, {self.nodes - 1}] for --nodes={self.nodes}")
     if (self.topology == "custom") != bool(self.edges):
@@ -269,6 +270,10 @@ class PolicyEvalConfig:
   @property
   def dim(self) -> int:
     return self.features or DEFAULT_FEATURES[self.data]
+
+  @property
+  def n_out_degree(self) -> int:
+    return self.out_degree or max(1, min(2, self.nodes - 1))
 
   @property
   def n_samples(self) -> int:

@@ -36,7 +36,7 @@ def make_problem(config: PolicyEvalConfig) -> problem_lib.Problem:
 
 
 def make_graph(config: PolicyEvalConfig) -> graphs.Graph:
-  return graphs.make(config.topology, config.nodes, config.out_degree, config.seed,
+  return graphs.make(config.topology, config.nodes, config.n_out_degree, config.seed,
                      config.edges, config.weight_speeds)
 
 
