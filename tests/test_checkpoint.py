@@ -431,3 +431,21 @@ def test_resume_from_a_run_whose_newest_checkpoint_is_zeroed(tmp_path):
   last = r.stderr.strip().splitlines()[-1]
   assert last.startswith(f"train: --run_dir='{tmp_path}': none of its") and "restores" in last
   assert "Traceback" not in r.stderr
+
+
+def test_a_damaged_replay_alone_restores_as_an_empty_one(tmp_path, caplog):
+  ck = Checkpointer(tmp_path, use_async=False)
+  replay = {"data": jnp.arange(64.0).reshape(16, 4), "pos": jnp.int32(3)}
+  ck.save(5, {"w": jnp.ones(3)}, {"version": 5, "replay": {"inserted": 48}}, replay=replay)
+  ck.wait()
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          replay)
+  restored, counters = ck.restore_replay(abstract)
+  assert counters == {"inserted": 48} and int(restored["pos"]) == 3
+  _zero_all(tmp_path / "checkpoints" / "5" / "replay")
+  fresh = Checkpointer(tmp_path, use_async=False)
+  assert fresh.newest_readable_version() == 5  # the state still restores
+  assert fresh.restore_replay(abstract) is None
+  assert "replay of checkpoint 5" in caplog.text and "empty replay" in caplog.text
+  ck.close()
+  fresh.close()
