@@ -82,8 +82,10 @@ def test_a_pause_is_made_only_if_the_other_actors_can_feed_the_learner():
     controller.lag_hist.update({2: learned})  # busy, mean lag 2 > 0.5
     return b.step(0.0)
 
-  assert window(12) is None and gate.active == 2
+  held = window(12)  # recorded once, with the measurements behind it
+  assert held is not None and gate.active == 2 and "holding 2" in held.reason
   assert b._capacity == pytest.approx((10.0, 12.0), rel=1e-3)
+  assert window(12) is None and gate.active == 2 and len(b.decisions) == 1
   d = window(8)
   assert d is not None and gate.active == 1 and "1 actors make 10.0 rollouts/s" in d.reason
 
@@ -127,4 +129,7 @@ def test_run_under_auto_balance_keeps_the_cap_and_logs_decisions(tmp_path):
   assert s["max_policy_lag_seen"] <= 2
   assert s["balance_decisions"], "4 actors with K=2 should push the mean lag over 0.2"
   assert all(d["reason"] for d in s["balance_decisions"])
-  assert any("fewer" in d["reason"] for d in s["balance_decisions"])
+  # A pause for lag, or (when 3 actors on a loaded machine could not feed the learner) the
+  # hold that says so: either way the lag over target was acted on and the record says why.
+  assert any("fewer" in d["reason"] or "holding" in d["reason"]
+             for d in s["balance_decisions"])

@@ -116,12 +116,15 @@ class Balancer:
     per_actor, takes = self._capacity
     pause = lag_mean > self.target_lag and busy and active > self.floor  # for lag
     if pause and not feeds:
-      if not self._held:
-        logging.info("balance: mean lag %.2f > target %.2f, but %d actors make %.1f rollouts/s "
-                     "and the learner takes %.1f: holding %d (logged once)", lag_mean,
-                     self.target_lag, active - 1, (active - 1) * per_actor, takes, active)
-        self._held = True
-      return None
+      if self._held:
+        return None
+      # Kept as a decision (once: it would repeat every window), so the run's record says why
+      # the lag stayed above target.
+      reason = (f"mean lag {lag_mean:.2f} > target {self.target_lag:.2f}, but {active - 1} "
+                f"actors make {(active - 1) * per_actor:.1f} rollouts/s and the learner takes "
+                f"{takes:.1f}: holding {active}")
+      self._held = True
+      return self._decide(wall_s, active, reason)
     if pause:  # and the other actors can feed the learner
       reason = (f"mean lag {lag_mean:.2f} > target {self.target_lag:.2f} with the learner busy "
                 f"(idle {100 * idle_frac:.0f}% < {100 * self.target_idle:.0f}%)")
@@ -142,6 +145,9 @@ class Balancer:
     else:
       return None
     self._paused_for_lag = paused_for_lag
+    return self._decide(wall_s, active, reason)
+
+  def _decide(self, wall_s: float, active: int, reason: str) -> Decision:
     self.gate.set_active(active)
     decision = Decision(wall_s, active, reason)
     self.decisions.append(decision)
