@@ -92,7 +92,7 @@ def evaluate(run_dir: Path, episodes: int, greedy: bool, version: int | None, se
   if video_path:
     check_video(video_path, spec)
   trainer = Trainer(config, spec, run_dir=run_dir, quiet=True)
-  state, meta = ck.restore(trainer._abstract_state(), version or meta["version"])
+  state, meta = ck.restore(trainer.abstract_state(), version or meta["version"])
   params = jax.device_put(trainer.algo.actor_params(state), trainer.actor_device)
   if greedy:
     if trainer.algo.greedy_policy is None:

@@ -144,6 +144,11 @@ class Checkpointer:
     self.save_s = 0.0  # time the caller (the learner) was blocked by saves
 
   @property
+  def last_saved_version(self) -> int | None:
+    """The version this session saved last (None before its first save)."""
+    return self._last_save_version
+
+  @property
   def manager(self) -> Any:
     if self._manager is None:
       import orbax.checkpoint as ocp

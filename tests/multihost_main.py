@@ -85,7 +85,7 @@ def check_globalize(layout):
 
 def global_step(config, layout, out_dir):
   """The fixed batch's update as one global step over 2 processes x 2 devices."""
-  from jaxrl_async.runtime.cluster.lockstep import compile_global_update
+  from jaxrl_async.runtime.learners.global_step import compile_global_update
   from jaxrl_async.runtime.sharding import globalize, process_local, replicated
 
   spec = envs.env_spec(config.env)

@@ -42,7 +42,7 @@ def test_save_then_resume_is_exact_and_continues(tmp_path):
   config = small_config(total_env_steps=3_000, checkpoint_at_end=True)
   first = run(config, tmp_path)
   trainer = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True)
-  state, meta = Checkpointer(tmp_path).restore(trainer._abstract_state())
+  state, meta = Checkpointer(tmp_path).restore(trainer.abstract_state())
   assert meta["version"] == first.version
   assert_trees_equal(state, first.state)  # params, optimiser state, RNG key, version
   assert meta["counters"]["env_steps"] == first.summary["env_steps"]
@@ -101,7 +101,7 @@ def test_interrupted_save_never_hides_the_previous_checkpoint(tmp_path):
   ck = Checkpointer(tmp_path)
   assert ck.latest_version() == first.version
   trainer = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True)
-  state, _ = ck.restore(trainer._abstract_state())
+  state, _ = ck.restore(trainer.abstract_state())
   assert_trees_equal(state.params, first.state.params)
 
 
@@ -188,7 +188,7 @@ def test_nonfinite_updates_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
   with pytest.raises(ThreadFailed, match="non-finite"):
     run(config, tmp_path)
   trainer = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True)
-  state, meta = Checkpointer(tmp_path).restore(trainer._abstract_state())
+  state, meta = Checkpointer(tmp_path).restore(trainer.abstract_state())
   leaves = jax.tree.leaves(jax.device_get(state.params))
   assert all(np.isfinite(x).all() for x in leaves)  # the last good params were kept and saved
   assert meta["version"] >= 5
@@ -326,7 +326,7 @@ def _three_checkpoints(run_dir: Path) -> tuple[object, dict]:
     ck.save(v, saved[v], {"version": v, "counters": {"env_steps": 64 * v},
                           "config": config.to_flat()})
   ck.close()
-  return trainer._abstract_state(), saved
+  return trainer.abstract_state(), saved
 
 
 def _files(step: Path) -> list[Path]:

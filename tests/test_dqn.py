@@ -8,20 +8,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_async import envs
+from jaxrl_async import algos, envs
 from jaxrl_async.algos.base import Rollout
 from jaxrl_async.algos.dqn import (
   NStepColumns,
   Transitions,
-  check_config,
   double_q_td,
   env_epsilons,
   epsilon_at,
   gather_transitions,
-  make_dqn,
   n_step_columns,
 )
-from jaxrl_async.config import ConfigError, DQNConfig
+from jaxrl_async.config import ConfigError
 from jaxrl_async.runtime.trainer import Trainer, validate
 from tests.conftest import small_config
 
@@ -91,10 +89,10 @@ def test_double_q_by_hand():
 
 
 def test_epsilon_schedule_and_ape_x_spread():
-  cfg = DQNConfig(epsilon_start=1.0, epsilon_end=0.05, epsilon_decay_steps=100)
-  # Linear: halfway 1 - 0.5 * 0.95 = 0.525; after the decay it stays at 0.05.
-  assert float(epsilon_at(cfg, jnp.asarray(50))) == pytest.approx(0.525)
-  assert float(epsilon_at(cfg, jnp.asarray(500))) == pytest.approx(0.05)
+  # Linear from 1 to 0.05 over 100 steps: halfway 1 - 0.5 * 0.95 = 0.525; after the decay it
+  # stays at 0.05.
+  assert float(epsilon_at(jnp.asarray(50), 1.0, 0.05, 100)) == pytest.approx(0.525)
+  assert float(epsilon_at(jnp.asarray(500), 1.0, 0.05, 100)) == pytest.approx(0.05)
   # 2 actors x 2 rows, alpha 7: eps ** (1 + 7 i / 3) for i = 0..3 with eps = 0.4:
   # 0.4, 0.4 ** (10/3) = 0.047156, 0.4 ** (17/3) = 0.005559, 0.4 ** 8 = 0.00065536.
   eps = [env_epsilons(jnp.asarray(0.4), a, 2, 2, 7.0) for a in (0, 1)]
@@ -106,7 +104,7 @@ def test_epsilon_schedule_and_ape_x_spread():
 def _algo(**overrides):
   config = small_config(algo="dqn", free_running=True, batch_size=8, replay_size=1_000,
                         min_replay_size=100, spi_tolerance=40.0, **overrides)
-  return make_dqn(config, envs.env_spec(config.env), "i")
+  return algos.make_algorithm(config, envs.env_spec(config.env), "i")
 
 
 def _steps(algo, n):
@@ -169,7 +167,7 @@ def test_bad_dqn_settings_name_their_flag(values, flag):
 def test_bad_dqn_combinations_fail_before_any_thread(values, flag):
   config = small_config(algo="dqn", **values)
   with pytest.raises(ConfigError, match=f"--{flag}="):
-    check_config(config, envs.env_spec(config.env))
+    algos.check(config, envs.env_spec(config.env))
   if config.learner.learner_devices > 1:
     return  # the Trainer would first (rightly) refuse the 4 devices this process lacks
   before = threading.active_count()
@@ -183,7 +181,7 @@ def test_dqn_refuses_continuous_actions():
   with pytest.raises(ConfigError, match="--algo="):
     validate(config)
   with pytest.raises(ConfigError, match="continuous"):
-    check_config(config, envs.env_spec(config.env))
+    algos.check(config, envs.env_spec(config.env))
 
 
 DQN_CARTPOLE = dict(algo="dqn", num_actors=2, num_envs=8, rollout_len=16, free_running=True,

@@ -19,11 +19,11 @@ import pytest
 from jaxrl_async import envs
 from jaxrl_async.algos import make_algorithm
 from jaxrl_async.algos.base import Rollout, concat_rollouts, lag_weight
-from jaxrl_async.algos.impala import vtrace_loss
+from jaxrl_async.algos.impala import impala_loss
 from jaxrl_async.config import ConfigError
 from jaxrl_async.networks import ActorCritic
-from jaxrl_async.runtime.learners.on_policy import Learner, skip_nonfinite
-from jaxrl_async.runtime.pipeline.params import ParamStore
+from jaxrl_async.runtime.learners.loop import LearnerLoop
+from jaxrl_async.runtime.learners.on_policy import OnPolicyStep, skip_nonfinite
 from jaxrl_async.runtime.pipeline.queue import RolloutInfo, RolloutQueue
 from jaxrl_async.runtime.pipeline.rate import RateController
 from jaxrl_async.runtime.sharding import (
@@ -85,19 +85,22 @@ def test_lag_weight_schemes():
   np.testing.assert_allclose(w([0, 4], "exp"), [1.0, math.exp(-2.0)], rtol=1e-6)
 
 
-def make_learner(config, version: int) -> Learner:
-  mesh = learner_mesh(jax.devices()[:1])
-  return Learner(config, None, None, mesh, None, version, RolloutQueue(8), ParamStore(),
-                 RateController(config.rate, version), threading.Event(), lambda: 0.0)
+def make_learner(config, version: int) -> LearnerLoop:
+  step = OnPolicyStep(None, config.rate.rollouts_per_update, 100, 0)
+  return LearnerLoop(step, RolloutQueue(8), RateController(config.rate, version),
+                     lambda state, v: None, threading.Event(), lambda: 0.0, 3, None, version)
 
 
 def test_the_learner_passes_rollouts_on_as_the_actors_stamped_them():
-  learner = make_learner(small_config(**IMPALA, lag_weighting="inverse"), version=3)
-  mesh = learner.mesh
+  config = small_config(**IMPALA, lag_weighting="inverse")
+  learner = make_learner(config, version=3)
+  mesh = learner_mesh(jax.devices()[:1])
   for i, v in enumerate([3, 1]):
     learner.queue.put((put_batch(random_rollout(i, v), mesh), RolloutInfo(0, i, v, T * B, 0.0)))
-  batch, tickets = learner._next_batch()
-  assert tickets == [0, 1]
+  while not learner.step.ready():
+    assert learner._take()
+  batch, tickets = learner.step.take_batch()
+  assert tickets == (0, 1)
   assert all(r.weights is None for r in batch)  # weights are the compiled update's business
   np.testing.assert_array_equal(np.asarray(batch[1].behaviour_version), np.ones((1, B)))
 
@@ -153,7 +156,7 @@ def test_weight_zero_gradient_is_the_other_rollouts_gradient_scaled_by_their_sha
                       with_weight(a, 1.0), with_weight(b, 0.0))
 
   def grad(batch):
-    f = lambda p, x: vtrace_loss(net, config.algo, p, x, "i")[0]
+    f = lambda p, x: impala_loss(net, config.algo, "i")(p, x)[0]
     g = jax.vmap(jax.grad(f), in_axes=(None, 0), axis_name="i")(
         params, jax.tree.map(lambda x: jnp.asarray(x)[None], batch))
     return jax.tree.leaves(jax.tree.map(lambda x: x[0], g))

@@ -9,22 +9,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_async import envs
+from jaxrl_async import algos, envs
 from jaxrl_async.algos.base import Rollout
+from jaxrl_async.algos.losses import clipped_surrogate, gae_advantages
 from jaxrl_async.algos.ppo import (
   PPOBatch,
-  check_config,
-  clipped_surrogate,
-  gae_advantages,
   gaussian_logp,
   make_policy_fn,
-  make_ppo,
   normalize,
   obs_norm_init,
   obs_norm_update,
   ppo_loss,
 )
-from jaxrl_async.config import ConfigError, NetworkConfig, PPOConfig
+from jaxrl_async.config import ConfigError, NetworkConfig
 from jaxrl_async.envs import EnvSpec
 from jaxrl_async.networks import ActorCritic
 from jaxrl_async.runtime.trainer import Trainer
@@ -86,11 +83,14 @@ def _loss_batch(valid=(True, True), old_value=(1.0, 1.0)):
                   ret=jnp.array([3.0, 0.0]), value=jnp.array(old_value), valid=jnp.array(valid))
 
 
-def _run_loss(cfg, batch):
+def _run_loss(batch, value_coef=0.5, entropy_coef=0.0, clip_value=False):
   # logits (0, ln 3): pi = (0.25, 0.75); V = 1 everywhere. The loss psums over an axis, so
   # it runs under a vmap that names one.
   params = {"logits": jnp.array([0.0, math.log(3.0)]), "v": jnp.array(1.0)}
-  fn = lambda b: ppo_loss(FixedNet(), cfg, True, params, None, b, jnp.asarray(0.2), "i")
+  fn = lambda b: ppo_loss(FixedNet(), params, None, b, "i", discrete=True,
+                          clip_eps=jnp.asarray(0.2), clip_value=clip_value,
+                          value_coef=value_coef, entropy_coef=entropy_coef,
+                          normalize_advantages=False)
   loss, metrics = jax.vmap(fn, axis_name="i")(jax.tree.map(lambda x: x[None], batch))
   return float(loss[0]), {k: float(v[0]) for k, v in metrics.items()}
 
@@ -101,8 +101,7 @@ def test_ppo_loss_by_hand():
   # entropy: -(0.25 ln 0.25 + 0.75 ln 0.75) = 0.562335
   # loss = -1.45 + 0.5 * 1.25 - 0.01 * 0.562335 = -0.830623
   # approx kl: mean(0.5 - ln 1.5, -0.5 - ln 0.5) = mean(0.094535, 0.193147) = 0.143841
-  cfg = PPOConfig(value_coef=0.5, entropy_coef=0.01, normalize_advantages=False)
-  loss, m = _run_loss(cfg, _loss_batch())
+  loss, m = _run_loss(_loss_batch(), value_coef=0.5, entropy_coef=0.01)
   assert loss == pytest.approx(-0.830623, abs=1e-5)
   assert m["pg_loss"] == pytest.approx(-1.45, abs=1e-6)
   assert m["value_loss"] == pytest.approx(1.25, abs=1e-6)
@@ -114,13 +113,11 @@ def test_ppo_loss_by_hand():
 def test_ppo_loss_masks_invalid_steps_and_clips_the_value():
   # Step 1 invalid: pg = -2.4, and with value clipping around the old value 2.5
   # (V_clip = 2.5 + clip(1 - 2.5, -0.2, 0.2) = 2.3): max((1 - 3)^2, (2.3 - 3)^2) = 4 -> 2.0.
-  cfg = PPOConfig(value_coef=0.5, entropy_coef=0.0, normalize_advantages=False,
-                  clip_value=True)
-  loss, m = _run_loss(cfg, _loss_batch(valid=(True, False), old_value=(2.5, 2.5)))
+  loss, m = _run_loss(_loss_batch(valid=(True, False), old_value=(2.5, 2.5)), clip_value=True)
   assert m["pg_loss"] == pytest.approx(-2.4, abs=1e-6)
   assert m["value_loss"] == pytest.approx(2.0, abs=1e-6)
   # Both valid: step 1 has (1 - 0)^2 = 1 vs (2.3 - 0)^2 = 5.29 -> 0.5 * (4 + 5.29) / 2 = 2.3225
-  _, m = _run_loss(cfg, _loss_batch(old_value=(2.5, 2.5)))
+  _, m = _run_loss(_loss_batch(old_value=(2.5, 2.5)), clip_value=True)
   assert m["value_loss"] == pytest.approx(2.3225, abs=1e-5)
 
 
@@ -170,7 +167,7 @@ def test_obs_norm_is_refused_for_image_observations():
   config = small_config(algo="ppo", env_id="Pong-v5", network="nature_cnn", normalize_obs=True)
   atari = EnvSpec("Pong-v5", (4, 84, 84), np.dtype(np.uint8), True, 6)
   with pytest.raises(ConfigError, match="--normalize_obs="):
-    check_config(config, atari)
+    algos.check(config, atari)
 
 
 def run(config, tmp_path):
@@ -203,7 +200,7 @@ def test_continuous_update_learns_obs_norm_and_scores_raw_actions():
   spec = EnvSpec("Fake-v0", (11,), np.dtype(np.float32), False, 3, (-1.0,) * 3, (1.0,) * 3)
   config = small_config(algo="ppo", num_envs=4, rollout_len=8, normalize_obs=True,
                         num_epochs=2, num_minibatches=2)
-  algo = make_ppo(config, spec, "i")
+  algo = algos.make_algorithm(config, spec, "i")
   assert set(algo.extras_spec) == {"logp", "raw_action"}
   rng = np.random.default_rng(0)
   raw = rng.normal(size=(8, 4, 3)).astype(np.float32)

@@ -226,18 +226,18 @@ def test_run_holds_the_reuse_ratio_with_slow_actors_then_a_slow_learner(tmp_path
   rng = random.Random(0)
   t_start = time.time()
   slow_actor = lambda: time.time() - t_start < 4.0  # then the learner is the slow one
-  emit, learn = actor_mod.Actor._emit, offpolicy.OffPolicyLearner._learn
+  emit, call = actor_mod.Actor._emit, offpolicy.ReplayStep.call
 
   def slow_emit(self, seg, k):
     time.sleep(rng.choice([0.0, 0.01, 0.03]) if slow_actor() else 0.0)
     return emit(self, seg, k)
 
-  def slow_learn(self):
+  def slow_call(self, state, version):
     time.sleep(0.0 if slow_actor() else rng.choice([0.0, 0.002, 0.005]))
-    return learn(self)
+    return call(self, state, version)
 
   monkeypatch.setattr(actor_mod.Actor, "_emit", slow_emit)
-  monkeypatch.setattr(offpolicy.OffPolicyLearner, "_learn", slow_learn)
+  monkeypatch.setattr(offpolicy.ReplayStep, "call", slow_call)
   # Rollouts of 8 x 8 = 64; error buffer 0.5 x 500 = 250 >= (2 x 64 + 32) / 2 = 80.
   config = small_config(algo="dqn", num_actors=2, free_running=True, batch_size=32,
                         replay_size=5_000, min_replay_size=500, samples_per_insert=2.0,

@@ -54,18 +54,18 @@ def test_k0_one_actor_is_deterministic(tmp_path):
 @pytest.mark.parametrize("K", [0, 1, 3])
 def test_lag_cap_holds_with_random_delays(K, batch, tmp_path, monkeypatch):
   rng = random.Random(K)
-  emit, next_batch = actor_mod.Actor._emit, learner_mod.Learner._next_batch
+  emit, add = actor_mod.Actor._emit, learner_mod.OnPolicyStep.add
 
   def slow_emit(self, seg, k):
     time.sleep(rng.choice([0.0, 0.0, 0.01, 0.03]))
     return emit(self, seg, k)
 
-  def slow_next_batch(self):
+  def slow_add(self, rollout, ticket):
     time.sleep(rng.choice([0.0, 0.005, 0.02]))
-    return next_batch(self)
+    return add(self, rollout, ticket)
 
   monkeypatch.setattr(actor_mod.Actor, "_emit", slow_emit)
-  monkeypatch.setattr(learner_mod.Learner, "_next_batch", slow_next_batch)
+  monkeypatch.setattr(learner_mod.OnPolicyStep, "add", slow_add)
   config = small_config(max_policy_lag=K, num_actors=3, total_env_steps=6_000,
                         env_batch_size=batch)
   s = run(config, tmp_path).summary

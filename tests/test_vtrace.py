@@ -53,7 +53,7 @@ def test_appo_clip_is_the_clipped_surrogate_on_the_vtrace_advantage():
   V-trace action-value estimate minus V, averaged over valid steps; worked out here from the
   network's outputs and `vtrace_returns`, with ratios far enough from 1 that the clip acts."""
   from jaxrl_async.algos.base import Rollout
-  from jaxrl_async.algos.impala import vtrace_loss
+  from jaxrl_async.algos.impala import impala_loss
   from jaxrl_async.config import TrainConfig
   from jaxrl_async.networks import ActorCritic
 
@@ -70,7 +70,8 @@ def test_appo_clip_is_the_clipped_surrogate_on_the_vtrace_advantage():
       valid=jnp.asarray(rng.random((T, B)) < 0.8),
       extras={"logp": jnp.asarray(np.log(rng.uniform(0.05, 0.95, (T, B))), jnp.float32)})
   params = net.init(jax.random.key(0), batch.obs[0])
-  loss = jax.vmap(lambda b: vtrace_loss(net, cfg, params, b, "i")[1]["pg_loss"], axis_name="i")
+  loss_fn = impala_loss(net, cfg, "i")
+  loss = jax.vmap(lambda b: loss_fn(params, b)[1]["pg_loss"], axis_name="i")
   got = float(loss(jax.tree.map(lambda x: x[None], batch))[0])
 
   logits, values = net.apply(params, batch.obs)

@@ -3,8 +3,8 @@
   python -m tools.multihost_step [--preset=cartpole_impala] [--steps=50]
 
 Starts two worker processes on 127.0.0.1 (one CPU device each, gloo collectives) that run the
-preset's global update (`runtime.multihost.compile_global_update`) on a fixed random batch, and
-a third, single process that runs `runtime.learner.compile_update` on the same batch; prints
+preset's global update (`learners.global_step.compile_global_update`) on a fixed random batch, and
+a third, single process that runs `learners.on_policy.compile_update` on the same batch; prints
 milliseconds per update for each. No actors: this isolates the cost of the collectives.
 """
 
@@ -55,7 +55,7 @@ def _worker(preset: str, steps: int, mode: str, process_id: int, port: int) -> N
       valid=rng.random((T, B)) > 0.1,
       extras={"logp": np.log(rng.uniform(0.2, 0.8, size=(T, B))).astype(np.float32)})
   if mode == "multi":
-    from jaxrl_async.runtime.cluster.lockstep import compile_global_update
+    from jaxrl_async.runtime.learners.global_step import compile_global_update
     from jaxrl_async.runtime.sharding import globalize, process_local
 
     step = compile_global_update(cfg, spec, algo, layout.learner_mesh, state, 2)

@@ -9,6 +9,9 @@ An algorithm is `Algorithm(init, make_policy, update, actor_params, extras_spec)
   env axis, and every cross-device reduction (gradients, counts) is done here with `lax.psum`.
 - `actor_params(state)`: what the learner publishes to actors (params, and normaliser state
   or schedule step where the algorithm has them).
+Off-policy algorithms add a `ReplayExtension`: the pure functions a replay learner needs.
+Shared pieces: the optimiser, lag weighting, the epoch scanner and the loops' unrolling choice
+here; the RL maths several algorithms use in losses.py.
 """
 
 from __future__ import annotations
@@ -51,6 +54,28 @@ class Rollout:
   behaviour_version: Array | None = None
 
 
+class ReplayExtension(NamedTuple):
+  """What an off-policy algorithm gives the replay learner (runtime) beyond `Algorithm`.
+
+  `to_columns(rollout)` is what the replay stores per env column, `gather(columns, t, c)` the
+  sampled transitions at steps t [S] of columns c [S], and `on_insert(state, env_steps)` counts
+  the inserted env steps into the train state; the rest sizes the replay and its limiter.
+  """
+
+  to_columns: Callable[[Rollout], Any]
+  gather: Callable[[Any, Array, Array], Any]
+  on_insert: Callable[[Any, int], Any]
+  steps: int  # transitions per stored column (T)
+  batch_size: int  # sampled transitions per gradient step, all devices together
+  steps_per_dispatch: int  # gradient steps per compiled learner call
+  unroll: bool  # unroll that loop (see `unroll_loops`)
+  replay_size: int
+  min_replay_size: int
+  samples_per_insert: float
+  error_buffer: float  # the limiter's, in sampled transitions
+  seed: int
+
+
 class Algorithm(NamedTuple):
   name: str
   init: Callable[[PRNGKey], Any]
@@ -60,12 +85,15 @@ class Algorithm(NamedTuple):
   extras_spec: dict[str, tuple[tuple[int, ...], np.dtype]]
   grad_steps_per_update: int = 1
   # Off-policy algorithms (DQN) learn from a replay between the queue and the update; the
-  # trainer then runs `runtime.offpolicy.OffPolicyLearner`, and `extension` carries whatever
-  # extra pure functions that learner needs (replay insert and sample).
+  # runtime then runs its replay learner, and `extension` carries the pure functions that
+  # learner needs (replay insert and sample).
   off_policy: bool = False
-  extension: Any = None
+  extension: ReplayExtension | None = None
   # greedy_policy(actor_params, obs) -> action: the evaluation policy (argmax, Gaussian mean).
   greedy_policy: Callable[[Any, Array], Array] | None = None
+  # Passes each transition gets in one update (PPO's and APPO's epochs): the reuse ratio of
+  # on-policy training.
+  epochs_per_update: int = 1
 
 
 def clipped_adam(learning_rate: float | optax.Schedule, max_grad_norm: float
@@ -97,12 +125,6 @@ def psum_flat(tree: Any, axis_name: str) -> Any:
   return unravel(jax.lax.psum(flat, axis_name))
 
 
-def global_mean(x: Array, mask: Array, axis_name: str) -> Array:
-  """Mean of x over the `mask`ed entries of every device's shard."""
-  count = jax.lax.psum(mask.sum(), axis_name)
-  return jax.lax.psum((x * mask).sum(), axis_name) / jnp.maximum(count, 1.0)
-
-
 def lag_weight(lag: Array, scheme: str, tau: float) -> Array:
   """The loss weight of a rollout learned at policy lag `lag` (`--lag_weighting`); 1 at lag 0.
 
@@ -117,6 +139,19 @@ def lag_weight(lag: Array, scheme: str, tau: float) -> Array:
   if scheme == "exp":
     return jnp.exp(-lag / tau)
   return jnp.ones_like(lag)
+
+
+class LagWeighting(NamedTuple):
+  """`--lag_weighting` and its tau: how much a rollout learned at policy lag L counts."""
+
+  scheme: str = "off"  # off, inverse or exp (see `lag_weight`)
+  tau: float = 2.0
+
+  def apply(self, batch: Rollout, version: Array) -> Rollout:
+    return with_lag_weights(batch, version, self.scheme, self.tau)
+
+
+UNWEIGHTED = LagWeighting()  # every rollout counts 1, whatever its lag
 
 
 def with_lag_weights(batch: Rollout, version: Array, scheme: str, tau: float) -> Rollout:
@@ -140,26 +175,39 @@ def loss_weights(weights: Array | None, mask: Array) -> Array:
   return mask if weights is None else mask * weights
 
 
-def minibatch_epochs(key: PRNGKey, batch: Rollout, num_epochs: int, num_minibatches: int,
-                     step: Callable[[Any, Rollout], tuple[Any, Metrics]], carry: Any
-                     ) -> tuple[Any, Metrics]:
-  """Runs `step` over `num_epochs` shuffles of `num_minibatches` env-axis slices of `batch`.
+def shuffled_epochs(key: PRNGKey, data: Any, num_epochs: int, num_minibatches: int,
+                    step: Callable[[Any, Any], tuple[Any, Metrics]], carry: Any, axis: int = 0,
+                    unroll: bool = False) -> tuple[Any, Metrics]:
+  """Runs `step` over `num_epochs` shuffles of `data`, each cut into `num_minibatches` along
+  `axis` (0: independent transitions [N, ...]; 1: whole env columns of a [T, B, ...] rollout,
+  which keeps each trajectory intact for V-trace).
 
-  One `lax.scan` over epochs of a `lax.scan` over minibatches, so the whole update is one compile
-  boundary. Minibatches split whole env columns, which keeps each trajectory intact for V-trace
-  and GAE. Returns the final carry and the metrics of the last minibatch step.
+  One `lax.scan` over epochs of a `lax.scan` over minibatches (both unrolled if `unroll`), so
+  the whole update is one compile boundary. Returns the final carry and the metrics of the last
+  minibatch step.
   """
-  num_envs = batch.rewards.shape[1]
-  if num_epochs == 1 and num_minibatches == 1:
-    return step(carry, batch)
+  n = jax.tree.leaves(data)[0].shape[axis]
+
+  def cut(x: Array) -> Array:  # [..., n, ...] -> [num_minibatches, ..., n / num_minibatches, ...]
+    parts = x.reshape(x.shape[:axis] + (num_minibatches, -1) + x.shape[axis + 1:])
+    return parts if axis == 0 else jnp.swapaxes(parts, 0, axis)
 
   def epoch(carry, key):
-    perm = jax.random.permutation(key, num_envs)
-    shuffled = jax.tree.map(lambda x: jnp.take(x, perm, axis=1), batch)
-    split = jax.tree.map(
-        lambda x: jnp.swapaxes(
-            x.reshape(x.shape[:1] + (num_minibatches, -1) + x.shape[2:]), 0, 1), shuffled)
-    return jax.lax.scan(step, carry, split)
+    perm = jax.random.permutation(key, n)
+    split = jax.tree.map(lambda x: cut(jnp.take(x, perm, axis=axis)), data)
+    return jax.lax.scan(step, carry, split, unroll=unroll)
 
-  carry, metrics = jax.lax.scan(epoch, carry, jax.random.split(key, num_epochs))
+  carry, metrics = jax.lax.scan(epoch, carry, jax.random.split(key, num_epochs), unroll=unroll)
   return carry, jax.tree.map(lambda m: m[-1, -1], metrics)
+
+
+def unroll_loops(network: str, backend: str) -> bool:
+  """Whether to unroll the learner's loops over gradient steps, for torso `network` on JAX
+  backend `backend` (`jax.default_backend()`).
+
+  NOTE: on XLA:CPU a convolution inside a loop (`lax.scan`) ran 20-35x slower than the same
+  convolution unrolled (notes/algos.md has the measurement), while an MLP was as fast or
+  faster in the loop. So CNN torsos on a CPU get unrolled loops (longer compiles); everything
+  else keeps `lax.scan`.
+  """
+  return network != "mlp" and backend == "cpu"

@@ -1,7 +1,8 @@
 """DQN: double Q-learning (van Hasselt et al., 2016) with n-step returns and a target network.
 
-Off-policy, so the learner samples from a replay (runtime/replay.py) instead of learning from
-rollouts directly; this module gives that learner pure functions through `ReplayExtension`:
+Off-policy, so the learner samples from a replay (runtime/learners/replay_buffer.py) instead
+of learning from rollouts directly; this module gives that learner pure functions through
+`ReplayExtension`:
 - `to_columns(rollout)`: what the replay stores per env column. The n-step returns are
   computed here, once, at insert time, with rlax's `n_step_bootstrapped_returns` and EnvPool's
   episode ends (discount_t = gamma (1 - terminated_t), lambda_t = 1 - ended_t, so a return stops
@@ -21,8 +22,8 @@ and some stay near-greedy while others keep exploring.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+import functools
+from typing import Any
 
 import chex
 import flax.struct
@@ -31,9 +32,11 @@ import jax.numpy as jnp
 import optax
 import rlax
 
-from jaxrl_async.algos.base import Algorithm, Rollout, clipped_adam
-from jaxrl_async.algos.ppo import unroll_loops
-from jaxrl_async.config import ConfigError, TrainConfig
+from jaxrl_async.algos.base import Algorithm, ReplayExtension, Rollout, clipped_adam, unroll_loops
+from jaxrl_async.algos.dqn_config import DQNConfig
+from jaxrl_async.algos.losses import device_share
+from jaxrl_async.config import NetworkConfig
+from jaxrl_async.config.checks import check_discrete_actions
 from jaxrl_async.envs import EnvSpec
 from jaxrl_async.networks import QNetwork
 from jaxrl_async.types import Array, Metrics, PRNGKey
@@ -73,23 +76,6 @@ class Transitions:
   mask: Array  # 1 for real transitions (0 for EnvPool's reset steps)
 
 
-class ReplayExtension(NamedTuple):
-  """What runtime.offpolicy.OffPolicyLearner needs beyond `Algorithm`."""
-
-  to_columns: Callable[[Rollout], NStepColumns]
-  gather: Callable[[NStepColumns, Array, Array], Transitions]
-  on_insert: Callable[[DQNState, int], DQNState]  # counts inserted env steps
-  steps: int  # transitions per stored column (T)
-  batch_size: int  # sampled transitions per gradient step, all devices together
-  steps_per_dispatch: int  # gradient steps per compiled learner call
-  unroll: bool  # unroll that loop (see ppo.unroll_loops)
-  replay_size: int
-  min_replay_size: int
-  samples_per_insert: float
-  error_buffer: float  # the limiter's, in sampled transitions
-  seed: int
-
-
 def n_step_columns(rollout: Rollout, discount: float, n: int) -> NStepColumns:
   """n-step returns, discounts and bootstrap offsets for every step of a [T, B] rollout."""
   chex.assert_rank([rollout.rewards, rollout.terminated, rollout.truncated], 2)
@@ -127,9 +113,10 @@ def double_q_td(q_tm1: Array, a_tm1: Array, r_t: Array, discount_t: Array, q_t_v
                                           q_t_selector)
 
 
-def epsilon_at(cfg: Any, env_steps: Array) -> Array:
-  frac = jnp.clip(env_steps.astype(jnp.float32) / cfg.epsilon_decay_steps, 0.0, 1.0)
-  return cfg.epsilon_start + frac * (cfg.epsilon_end - cfg.epsilon_start)
+def epsilon_at(env_steps: Array, start: float, end: float, decay_steps: int) -> Array:
+  """Epsilon after `env_steps` inserted: linear from `start` to `end` over `decay_steps`."""
+  frac = jnp.clip(env_steps.astype(jnp.float32) / decay_steps, 0.0, 1.0)
+  return start + frac * (end - start)
 
 
 def env_epsilons(eps: Array, actor_index: int, num_actors: int, rows: int, alpha: float
@@ -140,63 +127,63 @@ def env_epsilons(eps: Array, actor_index: int, num_actors: int, rows: int, alpha
   return eps ** (1.0 + alpha * i / max(n - 1, 1))
 
 
-def check_config(config: TrainConfig, spec: EnvSpec) -> None:
-  """DQN's cross-component checks, before any thread starts; raises ConfigError."""
-  cfg = config.algo
-  if not spec.discrete:
-    raise ConfigError("algo", "dqn", f"needs discrete actions, but {spec.env_id} has "
-                      "continuous ones (use --algo=ppo)")
-  devices = config.learner.learner_devices
-  if cfg.batch_size % devices:
-    raise ConfigError("batch_size", cfg.batch_size,
-                      f"must be divisible by --learner_devices={devices}")
-  per_rollout = config.env_steps_per_rollout
-  per_dispatch = cfg.batch_size * cfg.steps_per_dispatch
-  need = 0.5 * (cfg.samples_per_insert * per_rollout + per_dispatch)
-  buffer = cfg.spi_tolerance * max(cfg.min_replay_size, 1)
-  if buffer < need:
-    raise ConfigError(
-        "spi_tolerance", cfg.spi_tolerance,
-        f"gives an error buffer of spi_tolerance x min_replay_size = {buffer:g} sampled "
-        f"transitions; it must be >= (samples_per_insert x rollout_len x num_envs + "
-        f"batch_size x steps_per_dispatch) / 2 = {need:g}, or inserts and samples could "
-        f"both be refused: raise "
-        f"it to >= {need / max(cfg.min_replay_size, 1):.3g} or raise --min_replay_size")
-  steps_per_rollout = cfg.samples_per_insert * per_rollout / cfg.batch_size
-  if config.rate.capped and config.rate.max_policy_lag < steps_per_rollout:
-    raise ConfigError(
-        "max_policy_lag", config.rate.max_policy_lag,
-        f"counts DQN gradient steps, and the learner takes about {steps_per_rollout:.3g} of "
-        "them per inserted rollout, so nearly every rollout would arrive too stale and be "
-        "dropped: set --free_running (the samples_per_insert limiter balances actors and "
-        "learner) or a lag cap of several rollouts' steps")
+def double_q_loss(net: QNetwork, params: Any, target_params: Any, batch: Transitions,
+                  axis_name: str, *, double_q: bool, huber_delta: float
+                  ) -> tuple[Array, Metrics]:
+  """Huber loss of the (double) Q-learning TD errors on sampled transitions [S, ...],
+  normalised over all devices' valid samples; returns (this device's share, metrics)."""
+  # One online pass over both observations; rlax stops the gradient through the targets.
+  q = net.apply(params, jnp.concatenate([batch.obs_tm1, batch.obs_t]))
+  q_tm1, q_t_online = jnp.split(q, 2)
+  q_t_target = net.apply(target_params, batch.obs_t)
+  selector = q_t_online if double_q else q_t_target
+  td = double_q_td(q_tm1, batch.a_tm1, batch.r_t, batch.discount_t, q_t_target, selector)
+  count = jax.lax.psum(batch.mask.sum(), axis_name)
+  local_mean = lambda x: device_share(x, batch.mask, count)
+  loss = local_mean(rlax.huber_loss(td, huber_delta))
+  q_taken = jnp.take_along_axis(q_tm1, batch.a_tm1[:, None], -1)[:, 0]
+  return loss, {"td_loss": loss, "td_abs": local_mean(jnp.abs(td)), "q_mean": local_mean(q_taken)}
 
 
-def make_dqn(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm:
-  check_config(config, spec)
-  cfg = config.algo
-  net = QNetwork(config.network, spec.num_actions)
+def epsilon_greedy(net: QNetwork, cfg: DQNConfig, actor_index: int, num_actors: int):
+  """Actor `actor_index`'s policy over `actor_params` = {"params", "env_steps"}: each env row
+  explores with its Ape-X epsilon (`env_epsilons`) at the published env-step count."""
+
+  def policy(actor_params: Any, obs: Array, key: PRNGKey) -> tuple[Array, dict[str, Array]]:
+    q = net.apply(actor_params["params"], obs)
+    eps = epsilon_at(actor_params["env_steps"], cfg.epsilon_start, cfg.epsilon_end,
+                     cfg.epsilon_decay_steps)
+    eps = env_epsilons(eps, actor_index, num_actors, q.shape[0], cfg.epsilon_alpha)
+    explore_key, action_key = jax.random.split(key)
+    explore = jax.random.uniform(explore_key, (q.shape[0],)) < eps
+    random_action = jax.random.randint(action_key, (q.shape[0],), 0, q.shape[-1])
+    return jnp.where(explore, random_action, jnp.argmax(q, -1)).astype(jnp.int32), {}
+
+  return policy
+
+
+def make_dqn(cfg: DQNConfig, spec: EnvSpec, network: NetworkConfig, axis_name: str,
+             num_actors: int, rollout_len: int, seed: int) -> Algorithm:
+  """Double DQN for discrete actions, learning from a replay.
+
+  Args:
+    cfg: its settings. spec: the env's. network: the Q-network's torso.
+    axis_name: the learner axis `update` runs under.
+    num_actors: actors acting with it (their env rows share out the Ape-X epsilons).
+    rollout_len: steps per rollout column, which the replay stores whole. seed: the replay's
+      sampling seed.
+  """
+  check_discrete_actions("dqn", spec)
+  net = QNetwork(network, spec.num_actions)
   optimizer = clipped_adam(cfg.learning_rate, cfg.max_grad_norm)
+  loss_fn = functools.partial(double_q_loss, net, axis_name=axis_name, double_q=cfg.double_q,
+                              huber_delta=cfg.huber_delta)
 
   def init(key: PRNGKey) -> DQNState:
     key, init_key = jax.random.split(key)
     params = net.init(init_key, jnp.zeros((1,) + spec.obs_shape, spec.obs_dtype))
     zero = jnp.zeros((), jnp.int32)
     return DQNState(params, params, optimizer.init(params), key, zero, zero)
-
-  def loss_fn(params: Any, target_params: Any, batch: Transitions) -> tuple[Array, Metrics]:
-    # One online pass over both observations; rlax stops the gradient through the targets.
-    q = net.apply(params, jnp.concatenate([batch.obs_tm1, batch.obs_t]))
-    q_tm1, q_t_online = jnp.split(q, 2)
-    q_t_target = net.apply(target_params, batch.obs_t)
-    selector = q_t_online if cfg.double_q else q_t_target
-    td = double_q_td(q_tm1, batch.a_tm1, batch.r_t, batch.discount_t, q_t_target, selector)
-    count = jax.lax.psum(batch.mask.sum(), axis_name)
-    # Each device returns its share of the global mean; the caller psums the gradients.
-    local_mean = lambda x: (x * batch.mask).sum() / jnp.maximum(count, 1.0)
-    loss = local_mean(rlax.huber_loss(td, cfg.huber_delta))
-    q_taken = jnp.take_along_axis(q_tm1, batch.a_tm1[:, None], -1)[:, 0]
-    return loss, {"td_loss": loss, "td_abs": local_mean(jnp.abs(td)), "q_mean": local_mean(q_taken)}
 
   def update(state: DQNState, batch: Transitions) -> tuple[DQNState, Metrics]:
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params, state.target_params, batch)
@@ -211,36 +198,23 @@ def make_dqn(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm:
                                      cfg.target_update_every)
     else:
       target = optax.incremental_update(params, state.target_params, cfg.target_tau)
-    metrics["epsilon"] = epsilon_at(cfg, state.env_steps)
+    metrics["epsilon"] = epsilon_at(state.env_steps, cfg.epsilon_start, cfg.epsilon_end,
+                                    cfg.epsilon_decay_steps)
     return DQNState(params, target, opt_state, state.key, version, state.env_steps), metrics
-
-  num_actors = config.actor.num_actors
-
-  def make_policy(actor_index: int):
-    def policy(actor_params: Any, obs: Array, key: PRNGKey) -> tuple[Array, dict[str, Array]]:
-      q = net.apply(actor_params["params"], obs)
-      eps = env_epsilons(epsilon_at(cfg, actor_params["env_steps"]), actor_index, num_actors,
-                         q.shape[0], cfg.epsilon_alpha)
-      explore_key, action_key = jax.random.split(key)
-      explore = jax.random.uniform(explore_key, (q.shape[0],)) < eps
-      random_action = jax.random.randint(action_key, (q.shape[0],), 0, q.shape[-1])
-      return jnp.where(explore, random_action, jnp.argmax(q, -1)).astype(jnp.int32), {}
-
-    return policy
 
   def on_insert(state: DQNState, env_steps: int) -> DQNState:
     return state.replace(env_steps=state.env_steps + env_steps)
 
   extension = ReplayExtension(
       to_columns=lambda rollout: n_step_columns(rollout, cfg.discount, cfg.n_step),
-      gather=gather_transitions, on_insert=on_insert, steps=config.actor.rollout_len,
+      gather=gather_transitions, on_insert=on_insert, steps=rollout_len,
       batch_size=cfg.batch_size, steps_per_dispatch=cfg.steps_per_dispatch,
-      unroll=unroll_loops(config),
-      replay_size=cfg.replay_size,
+      unroll=unroll_loops(network.network, jax.default_backend()), replay_size=cfg.replay_size,
       min_replay_size=max(cfg.min_replay_size, 1), samples_per_insert=cfg.samples_per_insert,
-      error_buffer=cfg.spi_tolerance * max(cfg.min_replay_size, 1), seed=config.run.seed)
+      error_buffer=cfg.spi_tolerance * max(cfg.min_replay_size, 1), seed=seed)
   return Algorithm(
-      name="dqn", init=init, make_policy=make_policy, update=update,
+      name="dqn", init=init,
+      make_policy=lambda actor_index: epsilon_greedy(net, cfg, actor_index, num_actors),
+      update=update,
       actor_params=lambda state: {"params": state.params, "env_steps": state.env_steps},
       extras_spec={}, grad_steps_per_update=1, off_policy=True, extension=extension)
-

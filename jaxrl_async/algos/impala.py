@@ -9,6 +9,7 @@ the next episode; EnvPool's reset transition is masked out of every loss by `val
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.struct
@@ -19,17 +20,25 @@ import optax
 import rlax
 
 from jaxrl_async.algos.base import (
+  UNWEIGHTED,
   Algorithm,
+  LagWeighting,
   Rollout,
   clipped_adam,
-  global_mean,
   loss_weights,
-  minibatch_epochs,
   psum_flat,
-  with_lag_weights,
+  shuffled_epochs,
 )
-from jaxrl_async.algos.ppo import clipped_surrogate
-from jaxrl_async.config import TrainConfig
+from jaxrl_async.algos.impala_config import ImpalaConfig
+from jaxrl_async.algos.losses import (
+  categorical_terms,
+  clipped_surrogate,
+  device_share,
+  normalized_advantages,
+  sample_categorical,
+)
+from jaxrl_async.config import NetworkConfig
+from jaxrl_async.config.checks import check_discrete_actions
 from jaxrl_async.envs import EnvSpec
 from jaxrl_async.networks import ActorCritic
 from jaxrl_async.types import Array, Metrics, PRNGKey
@@ -41,24 +50,6 @@ class ImpalaState:
   opt_state: Any
   key: PRNGKey
   version: Array  # learner updates applied so far
-
-
-def make_optimizer(cfg: Any, total_grad_steps: int) -> optax.GradientTransformation:
-  lr = (optax.linear_schedule(cfg.learning_rate, 0.0, max(total_grad_steps, 1))
-        if cfg.anneal_lr else cfg.learning_rate)
-  return clipped_adam(lr, cfg.max_grad_norm)
-
-
-def categorical_policy(net: ActorCritic):
-  """Samples actions from the logits head; records behaviour log-probs for the ratios."""
-
-  def policy(params: Any, obs: Array, key: PRNGKey) -> tuple[Array, dict[str, Array]]:
-    logits, _ = net.apply(params, obs)
-    action = jax.random.categorical(key, logits)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(logits), action[..., None], -1)[..., 0]
-    return action.astype(jnp.int32), {"logp": logp}
-
-  return policy
 
 
 def vtrace_returns(values: Array, r_t: Array, terminated_t: Array, truncated_t: Array,
@@ -80,53 +71,77 @@ def vtrace_returns(values: Array, r_t: Array, terminated_t: Array, truncated_t: 
                 clip_pg_rho)
 
 
-def vtrace_loss(net: ActorCritic, cfg: Any, params: Any, batch: Rollout, axis_name: str
-                ) -> tuple[Array, Metrics]:
-  """Policy-gradient, value and entropy losses over a [T, B] batch, normalised over all devices."""
+def vtrace_loss(net: ActorCritic, params: Any, batch: Rollout, axis_name: str, *,
+                discount: float, vtrace_lambda: float, clip_rho: float, clip_pg_rho: float,
+                clip_eps: float, value_coef: float, entropy_coef: float,
+                normalize_advantages: bool) -> tuple[Array, Metrics]:
+  """Policy-gradient, value and entropy losses over a [T, B] batch, normalised over all devices.
+
+  Args:
+    net: the actor-critic; params: its parameters.
+    batch: this device's [T, B] rollouts (behaviour log-probs in `extras["logp"]`).
+    discount, vtrace_lambda, clip_rho, clip_pg_rho: V-trace's gamma, lambda and rho clips.
+    clip_eps: APPO's ratio clip on the V-trace advantage; 0 is IMPALA's policy gradient.
+    value_coef, entropy_coef: weights of the value loss and the entropy bonus.
+    normalize_advantages: normalise the policy-gradient advantages over the batch.
+  Returns:
+    (loss, metrics): this device's share of the global mean loss, and its metrics' shares.
+  """
   logits, values = net.apply(params, batch.obs)  # [T+1, B, A], [T+1, B]
-  logits_tm1 = logits[:-1]
-  log_probs = jax.nn.log_softmax(logits_tm1)
-  logp_tm1 = jnp.take_along_axis(log_probs, batch.actions[..., None], -1)[..., 0]
+  logp_tm1, entropy_tm1 = categorical_terms(logits[:-1], batch.actions)
   rho_tm1 = jnp.exp(logp_tm1 - batch.extras["logp"])
   out = vtrace_returns(values, batch.rewards, batch.terminated, batch.truncated,
-                       jax.lax.stop_gradient(rho_tm1), cfg.discount, cfg.vtrace_lambda,
-                       cfg.clip_rho, cfg.clip_pg_rho)
+                       jax.lax.stop_gradient(rho_tm1), discount, vtrace_lambda, clip_rho,
+                       clip_pg_rho)
   mask = batch.valid.astype(jnp.float32)
   loss_mask = loss_weights(batch.weights, mask)
   pg_adv = jax.lax.stop_gradient(out.pg_advantage)
-  if cfg.normalize_advantages:
-    mean = global_mean(pg_adv, loss_mask, axis_name)
-    std = jnp.sqrt(global_mean((pg_adv - mean) ** 2, loss_mask, axis_name))
-    pg_adv = (pg_adv - mean) / (std + 1e-8)
+  if normalize_advantages:
+    pg_adv = normalized_advantages(pg_adv, loss_mask, axis_name)
   count = jax.lax.psum(mask.sum(), axis_name)
-  # Each device returns its share of the global mean; the caller psums the gradients.
-  local_mean = lambda x: (x * mask).sum() / jnp.maximum(count, 1.0)
-  loss_mean = lambda x: (x * loss_mask).sum() / jnp.maximum(count, 1.0)
-  if cfg.clip_eps > 0:
+  loss_mean = lambda x: device_share(x, loss_mask, count)
+  if clip_eps > 0:
     # APPO (Sample Factory): PPO's clipped surrogate on the V-trace advantage. The ratio pi/mu
     # corrects for the behaviour policy and its clip stops the epochs of reuse from pushing
     # the policy far from it; plain V-trace with reuse sometimes collapsed to a deterministic
     # policy on CartPole (BUILD_NOTES.md, "The spine on CartPole-v1").
     adv = jax.lax.stop_gradient(out.q_estimate - values[:-1])
-    pg_loss = loss_mean(clipped_surrogate(rho_tm1, adv, cfg.clip_eps))
+    pg_loss = loss_mean(clipped_surrogate(rho_tm1, adv, clip_eps))
   else:
     pg_loss = -loss_mean(logp_tm1 * pg_adv)
   v_loss = 0.5 * loss_mean(out.errors**2)
-  entropy = loss_mean(-(jnp.exp(log_probs) * log_probs).sum(-1))
-  loss = pg_loss + cfg.value_coef * v_loss - cfg.entropy_coef * entropy
+  entropy = loss_mean(entropy_tm1)
+  loss = pg_loss + value_coef * v_loss - entropy_coef * entropy
   metrics = {"pg_loss": pg_loss, "value_loss": v_loss, "entropy": entropy,
-             "rho_mean": local_mean(rho_tm1)}
+             "rho_mean": device_share(rho_tm1, mask, count)}
   return loss, metrics
 
 
-def make_impala(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm:
-  if not spec.discrete:
-    raise ValueError("IMPALA here supports discrete actions; use --algo=ppo for continuous ones")
-  cfg = config.algo
-  net = ActorCritic(config.network, spec.num_actions, discrete=True)
+def impala_loss(net: ActorCritic, cfg: ImpalaConfig, axis_name: str):
+  """`vtrace_loss(params, batch) -> (loss, metrics)` with `cfg`'s scalars bound."""
+  return functools.partial(
+      vtrace_loss, net, axis_name=axis_name, discount=cfg.discount,
+      vtrace_lambda=cfg.vtrace_lambda, clip_rho=cfg.clip_rho, clip_pg_rho=cfg.clip_pg_rho,
+      clip_eps=cfg.clip_eps, value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef,
+      normalize_advantages=cfg.normalize_advantages)
+
+
+def make_impala(cfg: ImpalaConfig, spec: EnvSpec, network: NetworkConfig, axis_name: str,
+                num_updates: int, lag: LagWeighting = UNWEIGHTED) -> Algorithm:
+  """IMPALA (APPO with `cfg.clip_eps` > 0) for discrete actions.
+
+  Args:
+    cfg: its settings. spec: the env's. network: the actor-critic's torso.
+    axis_name: the learner axis `update` runs under. num_updates: the updates the learning
+      rate anneals over (`cfg.anneal_lr`). lag: how rollouts are weighted by their lag.
+  """
+  check_discrete_actions("impala", spec)
+  net = ActorCritic(network, spec.num_actions, discrete=True)
   grad_steps = cfg.num_epochs * cfg.num_minibatches
-  total = config.run.total_env_steps // config.env_steps_per_update * grad_steps
-  optimizer = make_optimizer(cfg, total)
+  lr = (optax.linear_schedule(cfg.learning_rate, 0.0, max(num_updates * grad_steps, 1))
+        if cfg.anneal_lr else cfg.learning_rate)
+  optimizer = clipped_adam(lr, cfg.max_grad_norm)
+  loss_fn = impala_loss(net, cfg, axis_name)
 
   def init(key: PRNGKey) -> ImpalaState:
     key, init_key = jax.random.split(key)
@@ -136,27 +151,27 @@ def make_impala(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm
 
   def sgd_step(carry, batch: Rollout):
     params, opt_state = carry
-    grads, metrics = jax.grad(
-        lambda p: vtrace_loss(net, cfg, p, batch, axis_name), has_aux=True)(params)
+    grads, metrics = jax.grad(lambda p: loss_fn(p, batch), has_aux=True)(params)
     grads, metrics = psum_flat((grads, metrics), axis_name)
     metrics["grad_norm"] = optax.tree.norm(grads)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), metrics
 
-  lag_weighting, lag_tau = config.rate.lag_weighting, config.rate.lag_weighting_tau
-
   def update(state: ImpalaState, batch: Rollout) -> tuple[ImpalaState, Metrics]:
-    batch = with_lag_weights(batch, state.version, lag_weighting, lag_tau)
+    batch = lag.apply(batch, state.version)
     key, epoch_key = jax.random.split(state.key)
-    (params, opt_state), metrics = minibatch_epochs(
-        epoch_key, batch, cfg.num_epochs, cfg.num_minibatches, sgd_step,
-        (state.params, state.opt_state))
+    carry = (state.params, state.opt_state)
+    if grad_steps == 1:  # one pass over the whole batch: nothing to shuffle
+      (params, opt_state), metrics = sgd_step(carry, batch)
+    else:  # minibatches of whole env columns keep each trajectory intact for V-trace
+      (params, opt_state), metrics = shuffled_epochs(
+          epoch_key, batch, cfg.num_epochs, cfg.num_minibatches, sgd_step, carry, axis=1)
     return ImpalaState(params, opt_state, key, state.version + 1), metrics
 
-  policy = categorical_policy(net)
   greedy = lambda params, obs: jnp.argmax(net.apply(params, obs)[0], -1).astype(jnp.int32)
+  policy = lambda params, obs, key: sample_categorical(net.apply(params, obs)[0], key)
   return Algorithm(
       name="impala", init=init, make_policy=lambda actor_index: policy, update=update,
       actor_params=lambda state: state.params,
       extras_spec={"logp": ((), np.dtype(np.float32))}, grad_steps_per_update=grad_steps,
-      greedy_policy=greedy)
+      greedy_policy=greedy, epochs_per_update=cfg.num_epochs)

@@ -5,11 +5,8 @@ synchronous PPO. With K >= 1 a rollout may come from params up to K versions old
 always taken against the behaviour log-probs the actor recorded (`extras["logp"]`), so stale
 data is importance-corrected and clipped around its own behaviour policy, not ignored.
 
-GAE comes from rlax, with EnvPool's episode ends entering as in impala.py:
-discount_t = gamma (1 - terminated_t) stops bootstrapping at a terminal state, and
-lambda_t = lambda (1 - ended_t) cuts the trace at any episode end, so a time-limit end
-bootstraps from V(final obs) and never mixes with the next episode; EnvPool's reset transition
-is masked out of every loss by `valid`.
+GAE comes from rlax (losses.gae_advantages, with EnvPool's episode ends); EnvPool's reset
+transition is masked out of every loss by `valid`.
 
 Continuous actions: a diagonal Gaussian with a state-independent log-std. The actor samples
 `raw ~ N(mean, std)` and sends `clip(raw, low, high)` to EnvPool (that is what `actions` holds);
@@ -28,28 +25,37 @@ compile boundary.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
 from typing import Any
 
-import chex
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import rlax
 
 from jaxrl_async.algos.base import (
+  UNWEIGHTED,
   Algorithm,
+  LagWeighting,
   Rollout,
   clipped_adam,
-  global_mean,
   loss_weights,
   psum_flat,
-  with_lag_weights,
+  shuffled_epochs,
+  unroll_loops,
 )
-from jaxrl_async.config import ConfigError, TrainConfig
+from jaxrl_async.algos.losses import (
+  categorical_terms,
+  clipped_surrogate,
+  device_share,
+  gae_advantages,
+  normalized_advantages,
+  sample_categorical,
+)
+from jaxrl_async.algos.ppo_config import PPOConfig
+from jaxrl_async.config import NetworkConfig
 from jaxrl_async.envs import EnvSpec
 from jaxrl_async.networks import ActorCritic
 from jaxrl_async.types import Array, Metrics, PRNGKey
@@ -103,42 +109,10 @@ def obs_norm_update(norm: ObsNorm, obs: Array, axis_name: str) -> ObsNorm:
   return ObsNorm(mean, m2 / n, n)
 
 
-def gae_advantages(values: Array, r_t: Array, terminated_t: Array, truncated_t: Array,
-                   discount: float, lambda_: float) -> Array:
-  """rlax's truncated GAE over [T, B] with EnvPool's episode ends.
-
-  Args:
-    values: V(obs) [T+1, B]. r_t, terminated_t, truncated_t: [T, B].
-    discount, lambda_: gamma and the GAE lambda.
-  Returns:
-    Advantages [T, B]; the value targets are advantages + values[:-1].
-  """
-  chex.assert_rank([values, r_t, terminated_t, truncated_t], 2)
-  chex.assert_equal_shape([values[:-1], r_t, terminated_t, truncated_t])
-  ended_t = (terminated_t | truncated_t).astype(values.dtype)
-  discount_t = discount * (1.0 - terminated_t.astype(values.dtype))
-  lambda_t = lambda_ * (1.0 - ended_t)
-  gae = jax.vmap(rlax.truncated_generalized_advantage_estimation, in_axes=1, out_axes=1)
-  return gae(r_t, discount_t, lambda_t, values)
-
-
-def clipped_surrogate(ratio_t: Array, adv_t: Array, clip_eps: Array) -> Array:
-  """rlax's clipped surrogate loss per element: -min(r A, clip(r, 1 - eps, 1 + eps) A).
-
-  rlax averages over a rank-1 sequence; mapping it over length-1 sequences keeps the
-  per-element loss, which the caller masks and normalises over all devices.
-  """
-  per_element = jax.vmap(rlax.clipped_surrogate_pg_loss, in_axes=(0, 0, None))
-  flat = per_element(ratio_t.reshape(-1, 1), adv_t.reshape(-1, 1), clip_eps)
-  return flat.reshape(ratio_t.shape)
-
-
 def _dist_terms(net_out: Any, discrete: bool, actions: Array) -> tuple[Array, Array]:
   """(log pi(actions) [...], entropy [...]) for the policy head's output."""
   if discrete:
-    log_probs = jax.nn.log_softmax(net_out)
-    logp = jnp.take_along_axis(log_probs, actions[..., None], -1)[..., 0]
-    return logp, -(jnp.exp(log_probs) * log_probs).sum(-1)
+    return categorical_terms(net_out, actions)
   mean, log_std = net_out
   return gaussian_logp(mean, log_std, actions), (log_std + 0.5 * math.log(2 * math.pi * math.e)
                                                  ).sum(-1)
@@ -164,10 +138,23 @@ class PPOBatch:
   weight: Array | None = None  # lag weighting: the transition's rollout column's weight
 
 
-def ppo_loss(net: ActorCritic, cfg: Any, discrete: bool, params: Any, obs_norm: ObsNorm | None,
-             batch: PPOBatch, clip_eps: Array, axis_name: str) -> tuple[Array, Metrics]:
+def ppo_loss(net: ActorCritic, params: Any, obs_norm: ObsNorm | None, batch: PPOBatch,
+             axis_name: str, *, discrete: bool, clip_eps: Array | float, clip_value: bool,
+             value_coef: float, entropy_coef: float, normalize_advantages: bool
+             ) -> tuple[Array, Metrics]:
   """Clipped surrogate, value and entropy losses on a minibatch [b, ...] of transitions,
-  normalised over all devices' minibatches; returns (loss, metrics)."""
+  normalised over all devices' minibatches.
+
+  Args:
+    net: the actor-critic; params: its parameters; obs_norm: the observation statistics the
+      actors acted with (None: raw observations).
+    batch: this device's minibatch. discrete: a categorical policy, else a Gaussian.
+    clip_eps: the ratio clip (also the value clip with `clip_value`).
+    value_coef, entropy_coef: weights of the value loss and the entropy bonus.
+    normalize_advantages: normalise the advantages over the minibatch.
+  Returns:
+    (loss, metrics): this device's share of the global mean loss, and its metrics' shares.
+  """
   head, value = net.apply(params, normalize(obs_norm, batch.obs))
   logp, entropy = _dist_terms(head, discrete, batch.actions)
   log_ratio = logp - batch.logp
@@ -175,22 +162,19 @@ def ppo_loss(net: ActorCritic, cfg: Any, discrete: bool, params: Any, obs_norm: 
   mask = batch.valid.astype(jnp.float32)
   loss_mask = loss_weights(batch.weight, mask)
   adv = batch.adv
-  if cfg.normalize_advantages:
-    mean = global_mean(adv, loss_mask, axis_name)
-    std = jnp.sqrt(global_mean((adv - mean) ** 2, loss_mask, axis_name))
-    adv = (adv - mean) / (std + 1e-8)
+  if normalize_advantages:
+    adv = normalized_advantages(adv, loss_mask, axis_name)
   count = jax.lax.psum(mask.sum(), axis_name)
-  # Each device returns its share of the global mean; the caller psums the gradients.
-  local_mean = lambda x: (x * mask).sum() / jnp.maximum(count, 1.0)
-  loss_mean = lambda x: (x * loss_mask).sum() / jnp.maximum(count, 1.0)
+  local_mean = lambda x: device_share(x, mask, count)
+  loss_mean = lambda x: device_share(x, loss_mask, count)
   pg_loss = loss_mean(clipped_surrogate(ratio, adv, clip_eps))
   v_err = (value - batch.ret) ** 2
-  if cfg.clip_value:
+  if clip_value:
     v_clipped = batch.value + jnp.clip(value - batch.value, -clip_eps, clip_eps)
     v_err = jnp.maximum(v_err, (v_clipped - batch.ret) ** 2)
   v_loss = 0.5 * loss_mean(v_err)
   ent = loss_mean(entropy)
-  loss = pg_loss + cfg.value_coef * v_loss - cfg.entropy_coef * ent
+  loss = pg_loss + value_coef * v_loss - entropy_coef * ent
   metrics = {
       "pg_loss": pg_loss, "value_loss": v_loss, "entropy": ent,
       # (r - 1) - log r >= 0 is the low-variance KL estimator (Schulman's blog, "approx kl").
@@ -203,7 +187,7 @@ def ppo_loss(net: ActorCritic, cfg: Any, discrete: bool, params: Any, obs_norm: 
 def transitions(batch: Rollout, values: Array, adv: Array, discrete: bool) -> PPOBatch:
   """The [T, B] rollout as T x B independent transitions ([N, ...] leaves). The advantages are
   already computed, so minibatches need not keep trajectories whole (V-trace's do, which is
-  why impala.py uses base.minibatch_epochs over env columns instead)."""
+  why impala.py shuffles whole env columns instead)."""
   T, B = batch.rewards.shape
   flat = lambda x: x.reshape((T * B,) + x.shape[2:])
   actions = batch.actions if discrete else batch.extras["raw_action"]
@@ -214,37 +198,6 @@ def transitions(batch: Rollout, values: Array, adv: Array, discrete: bool) -> PP
                   valid=flat(batch.valid), weight=weight)
 
 
-def unroll_loops(config: TrainConfig) -> bool:
-  """Whether to unroll the learner's loops over gradient steps.
-
-  NOTE: on XLA:CPU a convolution inside a loop (`lax.scan`) ran 20-35x slower than the same
-  convolution unrolled (notes/algos.md has the measurement), while an MLP was as fast or
-  faster in the loop. So CNN torsos on a CPU get unrolled loops (longer compiles); everything
-  else keeps `lax.scan`.
-  """
-  return config.network.network != "mlp" and jax.default_backend() == "cpu"
-
-
-def shuffled_epochs(key: PRNGKey, data: PPOBatch, num_epochs: int, num_minibatches: int,
-                    step: Callable[[Any, PPOBatch], tuple[Any, Metrics]], carry: Any,
-                    unroll: bool = False) -> tuple[Any, Metrics]:
-  """`step` over `num_epochs` shuffles of `data` [N, ...] cut into `num_minibatches` parts.
-
-  One `lax.scan` over epochs of a `lax.scan` over minibatches (both unrolled if `unroll`):
-  one compile boundary. Returns the final carry and the metrics of the last minibatch step.
-  """
-  n = data.adv.shape[0]
-
-  def epoch(carry, key):
-    perm = jax.random.permutation(key, n)
-    split = jax.tree.map(
-        lambda x: jnp.take(x, perm, axis=0).reshape((num_minibatches, -1) + x.shape[1:]), data)
-    return jax.lax.scan(step, carry, split, unroll=unroll)
-
-  carry, metrics = jax.lax.scan(epoch, carry, jax.random.split(key, num_epochs), unroll=unroll)
-  return carry, jax.tree.map(lambda m: m[-1, -1], metrics)
-
-
 def make_policy_fn(net: ActorCritic, spec: EnvSpec):
   """The actors' policy over `actor_params(state)` = {"params", "obs_norm"}."""
   low = jnp.asarray(spec.action_low, jnp.float32) if not spec.discrete else None
@@ -253,9 +206,7 @@ def make_policy_fn(net: ActorCritic, spec: EnvSpec):
   def policy(actor_params: Any, obs: Array, key: PRNGKey) -> tuple[Array, dict[str, Array]]:
     head, _ = net.apply(actor_params["params"], normalize(actor_params["obs_norm"], obs))
     if spec.discrete:
-      action = jax.random.categorical(key, head)
-      logp = jnp.take_along_axis(jax.nn.log_softmax(head), action[..., None], -1)[..., 0]
-      return action.astype(jnp.int32), {"logp": logp}
+      return sample_categorical(head, key)
     mean, log_std = head
     raw = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
     return jnp.clip(raw, low, high), {"logp": gaussian_logp(mean, log_std, raw),
@@ -264,23 +215,26 @@ def make_policy_fn(net: ActorCritic, spec: EnvSpec):
   return policy
 
 
-def check_config(config: TrainConfig, spec: EnvSpec) -> None:
-  """PPO's cross-component checks, before any thread starts; raises ConfigError."""
-  if config.algo.normalize_obs and (config.network.network != "mlp" or len(spec.obs_shape) != 1):
-    raise ConfigError("normalize_obs", True, "is for vector observations with --network=mlp "
-                      "(MuJoCo); image torsos scale pixels themselves")
+def make_ppo(cfg: PPOConfig, spec: EnvSpec, network: NetworkConfig, axis_name: str,
+             num_updates: int, lag: LagWeighting = UNWEIGHTED) -> Algorithm:
+  """PPO for discrete or continuous actions.
 
-
-def make_ppo(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm:
-  check_config(config, spec)
-  cfg = config.algo
-  net = ActorCritic(config.network, spec.num_actions, discrete=spec.discrete)
+  Args:
+    cfg: its settings. spec: the env's. network: the actor-critic's torso.
+    axis_name: the learner axis `update` runs under. num_updates: the updates the run makes;
+      the learning rate (`cfg.anneal_lr`) and the clip (`cfg.anneal_clip`) anneal over them.
+    lag: how rollouts are weighted by their lag.
+  """
+  net = ActorCritic(network, spec.num_actions, discrete=spec.discrete)
   grad_steps = cfg.num_epochs * cfg.num_minibatches
-  max_updates = -(-config.run.total_env_steps // config.env_steps_per_update)
-  lr = (optax.linear_schedule(cfg.learning_rate, 0.0, max(max_updates * grad_steps, 1))
+  lr = (optax.linear_schedule(cfg.learning_rate, 0.0, max(num_updates * grad_steps, 1))
         if cfg.anneal_lr else cfg.learning_rate)
   optimizer = clipped_adam(lr, cfg.max_grad_norm)
-  unroll = unroll_loops(config)
+  unroll = unroll_loops(network.network, jax.default_backend())
+  loss_fn = functools.partial(
+      ppo_loss, net, axis_name=axis_name, discrete=spec.discrete, clip_value=cfg.clip_value,
+      value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef,
+      normalize_advantages=cfg.normalize_advantages)
 
   def init(key: PRNGKey) -> PPOState:
     key, init_key = jax.random.split(key)
@@ -288,16 +242,14 @@ def make_ppo(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm:
     obs_norm = obs_norm_init(spec.obs_shape) if cfg.normalize_obs else None
     return PPOState(params, optimizer.init(params), key, jnp.zeros((), jnp.int32), obs_norm)
 
-  lag_weighting, lag_tau = config.rate.lag_weighting, config.rate.lag_weighting_tau
-
   def update(state: PPOState, batch: Rollout) -> tuple[PPOState, Metrics]:
-    batch = with_lag_weights(batch, state.version, lag_weighting, lag_tau)
+    batch = lag.apply(batch, state.version)
     # Advantages and value targets once per batch, with the params the epochs start from.
     _, values = net.apply(state.params, normalize(state.obs_norm, batch.obs))  # [T+1, B]
     adv = gae_advantages(values, batch.rewards * cfg.reward_scale, batch.terminated,
                          batch.truncated, cfg.discount, cfg.gae_lambda)
     data = transitions(batch, values, adv, spec.discrete)
-    frac = 1.0 - state.version.astype(jnp.float32) / max_updates
+    frac = 1.0 - state.version.astype(jnp.float32) / num_updates
     clip_eps = cfg.clip_eps * jnp.maximum(frac, 0.0) if cfg.anneal_clip else cfg.clip_eps
     # NOTE: a zero clip (the end of an annealed run) would freeze the policy; keep it positive.
     clip_eps = jnp.maximum(clip_eps, 1e-3)
@@ -305,8 +257,8 @@ def make_ppo(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm:
     def sgd_step(carry, minibatch: PPOBatch):
       params, opt_state = carry
       grads, metrics = jax.grad(
-          lambda p: ppo_loss(net, cfg, spec.discrete, p, state.obs_norm, minibatch, clip_eps,
-                             axis_name), has_aux=True)(params)
+          lambda p: loss_fn(p, state.obs_norm, minibatch, clip_eps=clip_eps),
+          has_aux=True)(params)
       grads, metrics = psum_flat((grads, metrics), axis_name)
       metrics["grad_norm"] = optax.global_norm(grads)
       updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -315,7 +267,7 @@ def make_ppo(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm:
     key, epoch_key = jax.random.split(state.key)
     (params, opt_state), metrics = shuffled_epochs(
         epoch_key, data, cfg.num_epochs, cfg.num_minibatches, sgd_step,
-        (state.params, state.opt_state), unroll)
+        (state.params, state.opt_state), unroll=unroll)
     obs_norm = state.obs_norm
     if obs_norm is not None:
       obs_norm = obs_norm_update(obs_norm, batch.obs[:-1], axis_name)
@@ -329,4 +281,5 @@ def make_ppo(config: TrainConfig, spec: EnvSpec, axis_name: str) -> Algorithm:
   return Algorithm(
       name="ppo", init=init, make_policy=lambda actor_index: policy, update=update,
       actor_params=lambda state: {"params": state.params, "obs_norm": state.obs_norm},
-      extras_spec=extras_spec, grad_steps_per_update=grad_steps)
+      extras_spec=extras_spec, grad_steps_per_update=grad_steps,
+      epochs_per_update=cfg.num_epochs)

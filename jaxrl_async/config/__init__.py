@@ -5,7 +5,8 @@ Field names are the launcher's flag names, so every validation message can name 
 launcher builds its flags from these, so a field and its flag can never drift apart.
 Derived sizes are properties, never written back. The rooms: `checks` (declaring and checking
 a field), `components` (envs, actors, rate, network, learner, checkpoints, distributed, run),
-`algorithms` (each algorithm's settings); `TrainConfig` here joins them.
+and `TrainConfig` here, which joins them with the chosen algorithm's settings: those live with
+the algorithms (jaxrl_async/algos/<name>_config.py), listed in jaxrl_async/algos/registry.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import dataclasses
 import json
 from typing import Any
 
-from jaxrl_async.config.algorithms import ALGO_CONFIGS, DQNConfig, ImpalaConfig, PPOConfig
 from jaxrl_async.config.checks import ConfigError, _check
 from jaxrl_async.config.components import (
   CLUSTER_DETECTION,
@@ -30,10 +30,30 @@ from jaxrl_async.config.components import (
   RunConfig,
 )
 
-__all__ = ["ALGO_CONFIGS", "CLUSTER_DETECTION", "COMPONENTS", "LAG_WEIGHTINGS", "ActorConfig",
-           "CheckpointConfig", "ConfigError", "DQNConfig", "DistributedConfig", "EnvConfig",
-           "ImpalaConfig", "LearnerConfig", "NetworkConfig", "PPOConfig", "RateConfig",
-           "RunConfig", "TrainConfig"]
+__all__ = ["CLUSTER_DETECTION", "COMPONENTS", "LAG_WEIGHTINGS", "ActorConfig", "CheckpointConfig",
+           "ConfigError", "DistributedConfig", "EnvConfig", "LearnerConfig", "NetworkConfig",
+           "RateConfig", "RunConfig", "TrainConfig", "algorithm_configs"]
+
+
+def algorithm_configs() -> dict[str, type]:
+  """`--algo` name -> its settings class, from jaxrl_async/algos/registry.py.
+
+  NOTE: looked up when called, never at import: the algorithms' settings are declared with
+  this package's checks, so importing the registry here would make a cycle.
+  """
+  from jaxrl_async.algos.registry import ALGORITHMS
+
+  return {name: entry.config for name, entry in ALGORITHMS.items()}
+
+
+def _on_policy() -> list[str]:
+  from jaxrl_async.algos.registry import ALGORITHMS
+
+  return [name for name, entry in ALGORITHMS.items() if not entry.off_policy]
+
+
+def _default_algo_config() -> Any:
+  return algorithm_configs()[LearnerConfig.algo]()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,13 +65,13 @@ class TrainConfig:
   rate: RateConfig = dataclasses.field(default_factory=RateConfig)
   network: NetworkConfig = dataclasses.field(default_factory=NetworkConfig)
   learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
-  algo: Any = dataclasses.field(default_factory=ImpalaConfig)
+  algo: Any = dataclasses.field(default_factory=_default_algo_config)
   checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
   distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
   run: RunConfig = dataclasses.field(default_factory=RunConfig)
 
   def __post_init__(self):
-    expected = ALGO_CONFIGS.get(self.learner.algo)
+    expected = algorithm_configs().get(self.learner.algo)
     _check(expected is not None and isinstance(self.algo, expected), "algo", self.learner.algo,
            f"needs its config class {getattr(expected, '__name__', '?')}")
     per_device, rem = divmod(self.env.num_envs, self.learner.learner_devices)
@@ -61,14 +81,17 @@ class TrainConfig:
     local_envs = per_device * self.rate.rollouts_per_update
     _check(local_envs % minibatches == 0, "num_minibatches", minibatches,
            f"must divide the envs per learner device per update ({local_envs})")
+    on_policy = _on_policy()
     # NOTE: DQN learns from a replay, where a sample's lag at the update is not one rollout's;
     # weighting it would need per-sample versions in the replay.
-    _check(self.rate.lag_weighting == "off" or self.learner.algo in ("impala", "ppo"),
+    _check(self.rate.lag_weighting == "off" or self.learner.algo in on_policy,
            "lag_weighting", self.rate.lag_weighting,
-           f"is for the on-policy algorithms (impala, ppo), not --algo={self.learner.algo}")
+           f"is for the on-policy algorithms ({', '.join(on_policy)}), not "
+           f"--algo={self.learner.algo}")
     if self.distributed.enabled:
-      _check(self.learner.algo in ("impala", "ppo"), "algo", self.learner.algo,
-             "multi-process training supports the on-policy algorithms (impala, ppo) only")
+      _check(self.learner.algo in on_policy, "algo", self.learner.algo,
+             f"multi-process training supports the on-policy algorithms ({', '.join(on_policy)}) "
+             "only")
 
   @property
   def env_steps_per_rollout(self) -> int:
@@ -81,7 +104,8 @@ class TrainConfig:
   @staticmethod
   def flag_fields(algo: str | None = None) -> dict[str, dataclasses.Field]:
     """Every flag-settable field by name (the algorithm's too, when `algo` is given)."""
-    classes = list(COMPONENTS) + ([ALGO_CONFIGS[algo]] if algo else list(ALGO_CONFIGS.values()))
+    algos = algorithm_configs()
+    classes = list(COMPONENTS) + ([algos[algo]] if algo else list(algos.values()))
     out: dict[str, dataclasses.Field] = {}
     for cls in classes:
       for f in dataclasses.fields(cls):
@@ -92,7 +116,8 @@ class TrainConfig:
   def from_flat(cls, values: dict[str, Any]) -> TrainConfig:
     """Routes each {flag: value} to the component that owns it; unknown names are errors."""
     algo = values.get("algo", LearnerConfig.algo)
-    _check(algo in ALGO_CONFIGS, "algo", algo, f"must be one of {', '.join(ALGO_CONFIGS)}")
+    algos = algorithm_configs()
+    _check(algo in algos, "algo", algo, f"must be one of {', '.join(algos)}")
     parts: dict[str, dict[str, Any]] = {}
     owners = {f.name: key for key, c in _component_keys(algo) for f in dataclasses.fields(c)}
     for name, value in values.items():
@@ -114,6 +139,6 @@ class TrainConfig:
 
 def _component_keys(algo: str) -> list[tuple[str, type]]:
   return [("env", EnvConfig), ("actor", ActorConfig), ("rate", RateConfig),
-          ("network", NetworkConfig), ("learner", LearnerConfig), ("algo", ALGO_CONFIGS[algo]),
-          ("checkpoint", CheckpointConfig), ("distributed", DistributedConfig),
-          ("run", RunConfig)]
+          ("network", NetworkConfig), ("learner", LearnerConfig),
+          ("algo", algorithm_configs()[algo]), ("checkpoint", CheckpointConfig),
+          ("distributed", DistributedConfig), ("run", RunConfig)]

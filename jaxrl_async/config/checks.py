@@ -45,3 +45,10 @@ def _non_negative(obj: Any, *names: str) -> None:
   for name in names:
     value = getattr(obj, name)
     _check(isinstance(value, int | float) and value >= 0, name, value, "must be >= 0")
+
+
+def check_discrete_actions(algo: str, spec: Any) -> None:
+  """`--algo`'s categorical policy or Q-values need an env with discrete actions (`spec`, an
+  EnvSpec)."""
+  _check(spec.discrete, "algo", algo, f"needs discrete actions, but {spec.env_id} has "
+         "continuous ones (use --algo=ppo)")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxrl_async.config.algorithms import ALGO_CONFIGS
 from jaxrl_async.config.checks import _check, _f, _non_negative, _positive, _unit_interval
 
 
@@ -127,12 +126,14 @@ class NetworkConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
-  algo: str = _f("impala", "Algorithm: impala, ppo or dqn.")
+  algo: str = _f("impala", "Algorithm, by its name in jaxrl_async/algos/registry.py: impala, "
+                 "ppo, dqn, ...")
   learner_devices: int = _f(1, "Devices in the data-parallel learner mesh, per host (process).")
 
   def __post_init__(self):
-    _check(self.algo in ALGO_CONFIGS, "algo", self.algo,
-           f"must be one of {', '.join(ALGO_CONFIGS)}")
+    from jaxrl_async.algos.registry import ALGORITHMS  # not at import: see algorithm_configs
+
+    _check(self.algo in ALGORITHMS, "algo", self.algo, f"must be one of {', '.join(ALGORITHMS)}")
     _positive(self, "learner_devices")
 
 
@@ -170,7 +171,7 @@ def _device_indices(text: str) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig:
-  """One process per host on JAX's distributed runtime (runtime/distributed.py)."""
+  """One process per host on JAX's distributed runtime (runtime/cluster/hosts.py)."""
 
   coordinator_address: str = _f("", "host:port of process 0's coordinator; set it (with "
                                 "--num_processes, --process_id) to train over several processes.")

@@ -15,14 +15,13 @@ class Monitor:
   """Turns the components' counters into one metrics record per interval."""
 
   def __init__(self, cfg, actors, learner, controller, queue, stats, writer,
-               base_env_steps: int = 0, base_episodes: int = 0):
+               base_env_steps: int = 0, base_episodes: int = 0, balancer: Any = None):
     self.cfg, self.actors, self.learner = cfg, actors, learner
     self.controller, self.queue, self.stats, self.writer = controller, queue, stats, writer
     self.base_env_steps, self.base_episodes = base_env_steps, base_episodes  # from a resume
     self.production, self.consumption, self.sps = Ema(), Ema(), Ema(2.0)
     self._last = {"t": time.time(), "blocked": 0.0, "idle": 0.0, "steps": 0}
-    self.extra: dict[str, Any] = {}  # set by the trainer (checkpoint counts...)
-    self.balancer: Any = None  # balance=auto
+    self.balancer = balancer  # balance=auto
 
   def env_steps(self) -> int:
     return self.base_env_steps + sum(a.timers.env_steps for a in self.actors)
@@ -74,16 +73,15 @@ class Monitor:
       losses = jax.device_get(self.learner.last_metrics)
       record.update({k: float(v) for k, v in losses.items()
                      if k != "nonfinite" and math.isfinite(float(v))})
-    if hasattr(self.learner, "extra_metrics"):
-      record.update(self.learner.extra_metrics())
+    record.update(self.learner.extra_metrics())
     if self.balancer is not None:
       record["active_actors"] = self.balancer.gate.active
       record["balance_decisions"] = self.balancer.take_unlogged()
-    record.update(self.extra)
     self._last = {"t": now, "blocked": blocked, "idle": idle, "steps": env_steps}
     return record
 
-  def log(self) -> dict[str, Any]:
-    record = self.record()
+  def log(self, final: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Writes one record; `final` adds what only the run's end knows (actor restarts)."""
+    record = self.record() | (final or {})
     self.writer.write(record)
     return record

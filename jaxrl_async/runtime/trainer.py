@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
+import functools
 import threading
 import time
 from pathlib import Path
@@ -26,16 +26,21 @@ from jaxrl_async.checkpoint import Checkpointer
 from jaxrl_async.config import TrainConfig
 from jaxrl_async.loggers import make_logger
 from jaxrl_async.metrics import EpisodeStats, MetricsWriter, wall_s
+from jaxrl_async.runtime.checkpoint_hook import CheckpointHook
 from jaxrl_async.runtime.executables import ExecutableCache
-from jaxrl_async.runtime.learners.on_policy import Learner
+from jaxrl_async.runtime.learners.global_step import GlobalStep, compile_global_update
+from jaxrl_async.runtime.learners.loop import LearnerLoop
+from jaxrl_async.runtime.learners.on_policy import OnPolicyStep, batch_shapes, compile_update
+from jaxrl_async.runtime.learners.replay_step import ReplayStep
 from jaxrl_async.runtime.monitor import Monitor
-from jaxrl_async.runtime.pipeline.actor import Actor
+from jaxrl_async.runtime.pipeline.actor import Actor, ActorTimers
 from jaxrl_async.runtime.pipeline.balance import ActorGate, Balancer
 from jaxrl_async.runtime.pipeline.params import ParamStore
 from jaxrl_async.runtime.pipeline.policy_step import compile_policy_step
 from jaxrl_async.runtime.pipeline.queue import RolloutQueue
 from jaxrl_async.runtime.pipeline.rate import RateController
 from jaxrl_async.runtime.sharding import LEARNER_AXIS, learner_mesh, replicated
+from jaxrl_async.runtime.summary import write_summary
 from jaxrl_async.runtime.supervision import Supervised, ThreadFailed, join_all
 from jaxrl_async.runtime.validation import check_devices, check_run_dir, validate
 
@@ -145,7 +150,7 @@ class Trainer:
     self.timings["trace_init_s"] = time.perf_counter() - t0
     return traced
 
-  def _abstract_state(self) -> Any:
+  def abstract_state(self) -> Any:
     """Shapes, dtypes and shardings of the train state, without computing it."""
     return self._trace_init().out_info
 
@@ -208,16 +213,27 @@ class Trainer:
     store = self.cluster.param_store() if self.cluster else ParamStore()
     queue = RolloutQueue(cfg.rate.resolved_queue_capacity)
     controller = RateController(cfg.rate, version)
-    actors: list[Actor] = []
-    monitor_ref: list[Monitor] = []
-    stats = EpisodeStats(cfg.run.return_window, cfg.run.stop_at_return,
-                         lambda: monitor_ref[0].env_steps() if monitor_ref else 0)
-    learner = self._make_learner(startup, version, queue, store, controller)
+    # The actors' counters exist before the actors, so everything that counts env steps is
+    # built with them in hand: nothing is wired after construction.
+    actor_timers = [ActorTimers() for _ in range(cfg.actor.num_actors)]
+    # `self.start` is read at call time: a resume sets it while the learner compiles.
+    session_steps = lambda: sum(t.env_steps for t in actor_timers)
+    env_steps = lambda: self.start.env_steps + session_steps()
+    stats = EpisodeStats(cfg.run.return_window, cfg.run.stop_at_return, env_steps)
+    step = self._make_step(startup, version, session_steps, stats)
+    hook = (CheckpointHook(self.checkpointer, cfg, step, controller, env_steps, stats,
+                           lambda: self.start)
+            if self.checkpointer is not None else None)
+    learner = LearnerLoop(
+        step, queue, controller, lambda s, v: store.publish(self.algo.actor_params(s), v),
+        self.stop, wall_s, cfg.run.max_nonfinite_updates, startup.abstract, version,
+        state_future=startup.state_future, after_update=hook)
     threads = [Supervised("learner", learner.run, self.stop)]
     threads[0].start()  # compiles the update, then waits for the initial state
     store.publish(self.algo.actor_params(startup.state_future.result()), version)
     gate = ActorGate(cfg.actor.num_actors) if cfg.rate.balance == "auto" else None
-    actors += self._make_actors(startup, version, queue, store, controller, stats, gate)
+    actors = self._make_actors(startup, version, queue, store, controller, stats, gate,
+                               actor_timers)
     threads += [Supervised(f"actor-{a.index}", a.run, self.stop, restarts=cfg.run.actor_restarts,
                            on_restart=a.on_restart) for a in actors]
     for t in threads[1:]:
@@ -226,15 +242,10 @@ class Trainer:
     is_chief = self.cluster is None or jax.process_index() == 0
     logger = make_logger(cfg.run.logger if is_chief else "none", self.run_dir, cfg.to_flat())
     writer = MetricsWriter(self.run_dir, append=resume, quiet=self.quiet, logger=logger)
+    balancer = (Balancer(gate, learner, controller, cfg.rate.target_lag, cfg.rate.target_idle,
+                         cfg.rate.balance_every_s, actors) if gate is not None else None)
     monitor = Monitor(cfg, actors, learner, controller, queue, stats, writer,
-                      self.start.env_steps, self.start.episodes)
-    monitor_ref.append(monitor)
-    if self.cluster is not None:
-      self.cluster.attach(monitor, stats)
-    if gate is not None:
-      monitor.balancer = Balancer(gate, learner, controller, cfg.rate.target_lag,
-                                  cfg.rate.target_idle, cfg.rate.balance_every_s, actors)
-    learner.after_update = self._checkpoint_hook(learner, controller, monitor, stats)
+                      self.start.env_steps, self.start.episodes, balancer)
     try:
       reason = self._supervise(threads, learner, stats, monitor)
     except KeyboardInterrupt:
@@ -244,17 +255,16 @@ class Trainer:
       queue.close()
       controller.close()
       alive = join_all(threads)
-      monitor.extra = {"actor_restarts": sum(t.restarts for t in threads)}
-      monitor.log()
+      monitor.log(final={"actor_restarts": sum(t.restarts for t in threads)})
       writer.close()
     errors = [t.error for t in threads if t.error]
-    if not alive:
-      self._final_checkpoint(learner, controller, monitor, stats, failed=bool(errors))
+    if not alive and hook is not None:
+      hook.final(learner.version, learner.state, failed=bool(errors))
     if errors:
       raise ThreadFailed(errors[0])
     if alive:
       raise ThreadFailed(f"threads still running after shutdown: {alive}")
-    summary = self._summary(reason, actors, learner, controller, stats, monitor, threads)
+    summary = write_summary(self, reason, actors, learner, controller, stats, monitor, threads)
     return RunResult(summary, learner.state, learner.version)
 
   def _start_compiles(self, resume: bool) -> _Startup:
@@ -282,27 +292,39 @@ class Trainer:
     pool.shutdown(wait=False)
     return _Startup(abstract, state_future, policies, keys, policy_futures, replay_future)
 
-  def _make_learner(self, startup: _Startup, version: int, queue: RolloutQueue,
-                    store: Any, controller: RateController) -> Any:
-    learner_cls, kwargs = Learner, {"executables": self.executables}
+  def _make_step(self, startup: _Startup, version: int, session_steps: Any,
+                 stats: EpisodeStats) -> Any:
+    """The learner's step (learners/loop.py): replay, global (several processes) or on-policy."""
+    cfg = self.config
     if self.algo.off_policy:
-      from jaxrl_async.runtime.learners.replay_step import OffPolicyLearner as learner_cls
-
-      kwargs = {"replay_future": startup.replay_future}
-    if self.cluster is not None:
-      learner_cls = self.cluster.make_learner
-      kwargs.pop("executables", None)  # off for multi-process runs
-    return learner_cls(self.config, self.spec, self.algo, self.mesh, startup.abstract, version,
-                       queue, store, controller, self.stop, wall_s,
-                       state_future=startup.state_future, **kwargs)
+      rollout = batch_shapes(cfg, self.spec, self.algo, self.mesh)[0]
+      return ReplayStep(self.algo, self.mesh, rollout, self._abstract_replay(), cfg.env.num_envs,
+                        cfg.run.total_env_steps, startup.replay_future)
+    hosts = self.cluster.num_processes if self.cluster else 1
+    per_update = cfg.env_steps_per_update * hosts  # --total_env_steps counts every host's
+    target = -(-cfg.run.total_env_steps // per_update)
+    consumed = cfg.env_steps_per_update * max(self.algo.epochs_per_update, 1)
+    if self.cluster is None:
+      compile_fn = functools.partial(compile_update, cfg, self.spec, self.algo, self.mesh,
+                                     executables=self.executables)
+      return OnPolicyStep(compile_fn, cfg.rate.rollouts_per_update, target, consumed)
+    # This host's counts this session (stats count this session's episodes only).
+    counts = lambda: {"env_steps": session_steps(), "episodes": stats.episodes}
+    compile_fn = functools.partial(compile_global_update, cfg, self.spec, self.algo, self.mesh,
+                                   num_processes=hosts)
+    self.cluster.step = GlobalStep(compile_fn, cfg.rate.rollouts_per_update, target, consumed,
+                                   self.mesh, self.cluster, counts, wall_s)
+    return self.cluster.step
 
   def _make_actors(self, startup: _Startup, version: int, queue: RolloutQueue, store: Any,
-                   controller: RateController, stats: EpisodeStats, gate: Any) -> list[Actor]:
+                   controller: RateController, stats: EpisodeStats, gate: Any,
+                   timers: list[ActorTimers]) -> list[Actor]:
     steps = {key: f.result() for key, f in startup.policy_futures.items()}
     return [Actor(i, self.config, self.spec, self.algo, steps[key], self.actor_devices[key[1]],
                   self.put_mesh, queue, store, controller, stats, self.stop,
                   pool_factory=self.pool_factory, start_version=version, gate=gate,
-                  global_index=self.layout.global_actor_index(i) if self.layout else None)
+                  global_index=self.layout.global_actor_index(i) if self.layout else None,
+                  timers=timers[i])
             for i, key in enumerate(startup.policy_keys)]
 
   def _supervise(self, threads, learner, stats, monitor) -> str:
@@ -340,97 +362,3 @@ class Trainer:
     self.cluster.request_stop(reason)
     time.sleep(0.02)  # `solved.wait` returns at once once solved
     return False
-
-  # -- checkpoints ----------------------------------------------------------------------------
-
-  def _meta(self, version, controller, monitor, stats) -> dict[str, Any]:
-    return {
-        "version": version,
-        "counters": {"env_steps": monitor.env_steps(),
-                     "episodes": self.start.episodes + stats.episodes,
-                     "wall_s_total": self.start.wall_s_total + wall_s()},
-        "controller": controller.state_dict(),
-        "config": self.config.to_flat(),
-        "saved_at": time.time(),
-    }
-
-  def _save(self, learner, version, state, meta) -> None:
-    """Saves state and meta, and with --checkpoint_replay the learner's replay and its
-    counters. Called in the learner thread or after it ended, so replay and state agree."""
-    snapshot = None
-    if self.config.checkpoint.checkpoint_replay and hasattr(learner, "replay_snapshot"):
-      snapshot = learner.replay_snapshot()
-    if snapshot is None:
-      self.checkpointer.save(version, state, meta)
-    else:
-      replay, counters = snapshot
-      self.checkpointer.save(version, state, meta | {"replay": counters}, replay=replay)
-
-  def _checkpoint_hook(self, learner, controller, monitor, stats) -> Any:
-    if self.checkpointer is None:
-      return None
-
-    def hook(version: int, state: Any) -> None:  # runs in the learner thread
-      if self.checkpointer.due(version):
-        self._save(learner, version, state, self._meta(version, controller, monitor, stats))
-
-    return hook
-
-  def _final_checkpoint(self, learner, controller, monitor, stats, failed: bool) -> None:
-    ck = self.checkpointer
-    if ck is None:
-      return
-    state_ready = not any(isinstance(leaf, jax.ShapeDtypeStruct)
-                          for leaf in jax.tree.leaves(learner.state))
-    if self.config.checkpoint.checkpoint_at_end and state_ready and learner.version > 0:
-      # After a failure the learner's state is still its last good one (non-finite updates
-      # are skipped), so it is saved too. A resumed session that made no update leaves the
-      # checkpoint it started from as it is: orbax never overwrites a step, and deleting it
-      # first would open a window with no checkpoint at all.
-      if learner.version not in (ck._last_save_version, self.start.resumed_from):
-        self._save(learner, learner.version, learner.state,
-                   self._meta(learner.version, controller, monitor, stats) | {"failed": failed})
-    ck.close()
-
-  def _summary(self, reason, actors, learner, controller, stats, monitor, threads
-               ) -> dict[str, Any]:
-    now = wall_s()
-    t = learner.timers
-    timings = dict(self.timings)
-    timings["compile_update_s"] = t.compile_s
-    timings["first_update_wall_s"] = t.first_update_wall_s
-    timings["executables_loaded"] = sorted(self.executables.loaded)
-    summary = {
-        "solved": stats.solved.is_set(),
-        "solved_wall_s": stats.solved_wall_s,
-        "solved_env_steps": stats.solved_env_steps,
-        "final_return_mean": stats.return_mean(),
-        "stop_reason": reason,
-        "env_steps": monitor.env_steps(),
-        "episodes": self.start.episodes + stats.episodes,
-        "updates": t.updates,
-        "version": learner.version,
-        "resumed_from_version": self.start.resumed_from,
-        "replay_restored": self.replay_restored,
-        "wall_s": now,
-        "wall_s_total": self.start.wall_s_total + now,
-        "max_policy_lag_seen": controller.max_lag_seen,
-        "dropped_stale": controller.dropped_stale,
-        "lag_hist": {str(k): v for k, v in sorted(controller.lag_hist.items())},
-        "nonfinite_skipped": learner.nonfinite_skipped,
-        "actor_restarts": sum(th.restarts for th in threads),
-        "lost_rollouts": sum(a.timers.lost_rollouts for a in actors),
-        "lost_env_steps": sum(a.timers.lost_env_steps for a in actors),
-        "idle_env_steps": sum(a.timers.idle_env_steps for a in actors),
-        "checkpoints_saved": self.checkpointer.saves if self.checkpointer else 0,
-        "balance_decisions": ([vars(d) for d in monitor.balancer.decisions]
-                              if monitor.balancer else []),
-        "timings": timings,
-        "layout": self.layout_chosen,
-        "config": self.config.to_flat(),
-    }
-    if self.cluster is not None:
-      summary["distributed"] = self.cluster.summary()
-    self.run_dir.mkdir(parents=True, exist_ok=True)
-    (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    return summary

@@ -4,18 +4,13 @@ cluster settings. Each failure is a ConfigError naming the flag (exit status 2).
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import jax
 
-from jaxrl_async import envs
+from jaxrl_async import algos, envs
 from jaxrl_async.checkpoint import Checkpointer, check_compatible
 from jaxrl_async.config import ConfigError, TrainConfig
-
-# Algorithms that learn from a replay (learners/replay_step.py), which --checkpoint_replay
-# saves.
-OFF_POLICY_ALGOS = ("dqn",)
 
 
 def check_devices(config: TrainConfig) -> list[jax.Device]:
@@ -31,18 +26,13 @@ def check_devices(config: TrainConfig) -> list[jax.Device]:
 def validate(config: TrainConfig, run_dir: Path | None = None) -> envs.EnvSpec:
   """Everything that can be checked before a thread starts; raises ConfigError."""
   spec = envs.env_spec(config.env)
-  if config.learner.algo in ("impala", "dqn") and not spec.discrete:
-    raise ConfigError("algo", config.learner.algo,
-                      f"needs discrete actions, but {config.env.env_id} has continuous ones "
-                      "(use --algo=ppo)")
   check_devices(config)
-  algo_module = importlib.import_module(f"jaxrl_async.algos.{config.learner.algo}")
-  if hasattr(algo_module, "check_config"):
-    algo_module.check_config(config, spec)  # algorithm-specific checks, before any thread
-  if config.checkpoint.checkpoint_replay and config.learner.algo not in OFF_POLICY_ALGOS:
+  algos.check(config, spec)  # the algorithm's checks (discrete actions, its run settings)
+  if config.checkpoint.checkpoint_replay and not algos.is_off_policy(config.learner.algo):
+    off_policy = [name for name in algos.ALGORITHMS if algos.is_off_policy(name)]
     raise ConfigError("checkpoint_replay", True,
-                      f"needs an off-policy algorithm with a replay ({', '.join(OFF_POLICY_ALGOS)}"
-                      f"); --algo={config.learner.algo} learns from its rollouts and has none")
+                      f"needs an off-policy algorithm with a replay ({', '.join(off_policy)}); "
+                      f"--algo={config.learner.algo} learns from its rollouts and has none")
   from jaxrl_async.loggers import check_kind
 
   check_kind(config.run.logger)

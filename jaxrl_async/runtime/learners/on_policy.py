@@ -1,18 +1,12 @@
-"""The learner thread: takes the next rollouts from the queue, whichever actor made them, learns,
-publishes.
+"""The on-policy learner step: U admitted rollouts make one update (IMPALA, PPO, A2C).
 
-The compiled step is `jit(shard_map(algo.update))` over the learner mesh, compiled ahead of time
-(`lower().compile()`) when the thread starts, so compilation overlaps the actors' first rollouts.
-The learner never reads a result back to the host on its critical path: params are published as
-soon as the step is dispatched, and metrics stay on device until the metrics loop asks.
+The compiled update is `jit(shard_map(algo.update))` over the learner mesh, compiled ahead of
+time (`lower().compile()`) when the learner thread starts (loop.py), so compilation overlaps the
+actors' first rollouts.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
-import threading
-import time
 from typing import Any
 
 import jax
@@ -22,22 +16,9 @@ import numpy as np
 from jaxrl_async.algos.base import Algorithm, Rollout, concat_rollouts
 from jaxrl_async.config import TrainConfig
 from jaxrl_async.envs import EnvSpec
-from jaxrl_async.runtime.pipeline.params import ParamStore
-from jaxrl_async.runtime.pipeline.queue import QueueClosed, RolloutQueue
+from jaxrl_async.runtime.learners.loop import Advance
 from jaxrl_async.runtime.pipeline.rate import RateController
 from jaxrl_async.runtime.sharding import batch_sharding, data_parallel
-
-_WAKE_S = 0.1
-
-
-@dataclasses.dataclass
-class LearnerTimers:
-  idle_s: float = 0.0  # waiting for rollouts
-  dispatch_s: float = 0.0  # calling the compiled step and publishing
-  compile_s: float = 0.0
-  updates: int = 0
-  consumed_env_steps: int = 0  # counted with reuse (epochs)
-  first_update_wall_s: float | None = None
 
 
 def batch_shapes(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any
@@ -54,10 +35,6 @@ def batch_shapes(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any
       extras={k: s((T, E) + shape, dtype) for k, (shape, dtype) in algo.extras_spec.items()},
       behaviour_version=s((1, E), np.int32))
   return (one,) * config.rate.rollouts_per_update
-
-
-class NonFiniteUpdates(RuntimeError):
-  """Too many consecutive updates produced non-finite values."""
 
 
 def skip_nonfinite(update: Any) -> Any:
@@ -101,114 +78,58 @@ def compile_update(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: An
   return executables.compile("update", list(mesh.devices.flat), lower)
 
 
-class Learner:
-  """`run()` is the thread body; `state` and `version` are the learner's, read after join."""
+class OnPolicyStep:
+  """U admitted rollouts (any actors') -> one update: the LearnerStep of IMPALA, PPO, A2C.
 
-  def __init__(self, config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any,
-               state: Any, version: int, queue: RolloutQueue, store: ParamStore,
-               controller: RateController, stop: threading.Event, wall_s: Any,
-               step_fn: Any = None, state_future: Any = None, executables: Any = None):
-    self.config, self.spec, self.algo, self.mesh = config, spec, algo, mesh
-    self.state, self.version = state, version
-    self.queue, self.store, self.controller, self.stop = queue, store, controller, stop
-    self.wall_s = wall_s
-    self.step_fn = step_fn
-    self.executables = executables
-    # `state` may be abstract (shapes only) until `state_future` delivers the real one, so the
-    # update compiles while the initial state is computed.
-    self._state_future = state_future
-    self.timers = LearnerTimers()
-    self.last_metrics: Any = None
-    self.compiled = threading.Event()
-    # The budget is counted in updates, so a run's length does not depend on thread timing.
-    self.max_updates = max(
-        0, -(-config.run.total_env_steps // config.env_steps_per_update) - version)
-    self.finished = threading.Event()
-    self.after_update: Any = None  # the trainer's hook (checkpoints): f(version, state)
-    self.nonfinite_skipped = 0
-    self._nonfinite_run = 0
-    self._pending_flag: Any = None
+  `compile_fn(abstract_state)` gives the compiled `(state, rollouts) -> (state, metrics)`
+  (`compile_update`); the budget is `target_version` (updates, so a run's length does not
+  depend on thread timing); each update consumes `consumed_per_update` env steps (with reuse).
+  """
 
-  def _compile(self) -> None:
-    if self.step_fn is None:
-      t0 = time.perf_counter()
-      self.step_fn = compile_update(self.config, self.spec, self.algo, self.mesh, self.state,
-                                    self.executables)
-      self.timers.compile_s = time.perf_counter() - t0
-    self.compiled.set()
+  def __init__(self, compile_fn: Any, rollouts_per_update: int, target_version: int,
+               consumed_per_update: int):
+    self.compile_fn, self.rollouts_per_update = compile_fn, rollouts_per_update
+    self.target_version, self.consumed_per_update = target_version, consumed_per_update
+    self.fn: Any = None
+    self._rollouts: list[Rollout] = []
+    self._tickets: list[int] = []
 
-  def _next_batch(self) -> tuple[tuple[Rollout, ...], list[int]] | None:
-    """U admitted rollouts and their tickets, or None at shutdown. The controller drops stale
-    ones."""
-    batch: list[Rollout] = []
-    tickets: list[int] = []
-    t0 = time.perf_counter()
-    while len(batch) < self.config.rate.rollouts_per_update:
-      try:
-        item = self.queue.get(_WAKE_S)
-      except QueueClosed:
-        return None
-      if item is None:
-        if self.stop.is_set():
-          return None
-        continue
-      rollout, info = item
-      if self.controller.admit(info.ticket, info.behaviour_version):
-        batch.append(rollout)
-        tickets.append(info.ticket)
-    self.timers.idle_s += time.perf_counter() - t0
-    return tuple(batch), tickets
+  def compile(self, abstract_state: Any) -> None:
+    self.fn = self.compile_fn(abstract_state)
 
-  def _await_state(self) -> bool:
-    while self._state_future is not None and not self.stop.is_set():
-      try:
-        self.state = self._state_future.result(timeout=_WAKE_S)
-        self._state_future = None
-      except concurrent.futures.TimeoutError:
-        continue
-    return self._state_future is None
+  def prepare(self, state: Any, version: int, stop: Any) -> bool:
+    return True
 
-  def run(self) -> None:
-    self._compile()
-    if not self._await_state():
-      return
-    reuse = self.algo.grad_steps_per_update // max(
-        1, getattr(self.config.algo, "num_minibatches", 1))
-    steps_per_update = self.config.env_steps_per_update
-    while not self.stop.is_set():
-      if self.timers.updates >= self.max_updates:
-        self.finished.set()
-        return
-      taken = self._next_batch()
-      if taken is None:
-        return
-      batch, tickets = taken
-      t0 = time.perf_counter()
-      self.state, self.last_metrics = self.step_fn(self.state, batch)
-      self.version += 1
-      self.store.publish(self.algo.actor_params(self.state), self.version)
-      self.controller.published(self.version, tickets)
-      self.timers.dispatch_s += time.perf_counter() - t0
-      self.timers.updates += 1
-      self.timers.consumed_env_steps += steps_per_update * max(reuse, 1)
-      if self.timers.first_update_wall_s is None:
-        self.timers.first_update_wall_s = self.wall_s()
-      self._count_nonfinite(self.last_metrics["nonfinite"])
-      if self.after_update is not None:
-        self.after_update(self.version, self.state)
+  def wants(self) -> bool:
+    return len(self._rollouts) < self.rollouts_per_update
 
-  def _count_nonfinite(self, flag: Any) -> None:
-    """Reads the previous update's flag (finished by now, as the new update depends on it)."""
-    previous, self._pending_flag = self._pending_flag, flag
-    if previous is None:
-      return
-    if bool(previous):
-      self.nonfinite_skipped += 1
-      self._nonfinite_run += 1
-      if self._nonfinite_run >= self.config.run.max_nonfinite_updates:
-        raise NonFiniteUpdates(
-            f"{self._nonfinite_run} consecutive updates had non-finite loss or gradients "
-            f"(--max_nonfinite_updates={self.config.run.max_nonfinite_updates}); each was "
-            "skipped, so the params and the last checkpoint are the last finite ones")
-    else:
-      self._nonfinite_run = 0
+  def add(self, rollout: Rollout, ticket: int) -> None:
+    self._rollouts.append(rollout)
+    self._tickets.append(ticket)
+
+  def ready(self) -> bool:
+    return len(self._rollouts) == self.rollouts_per_update
+
+  def take_batch(self) -> tuple[tuple[Rollout, ...], tuple[int, ...]]:
+    batch, tickets = tuple(self._rollouts), tuple(self._tickets)
+    self._rollouts, self._tickets = [], []
+    return batch, tickets
+
+  def call(self, state: Any, version: int) -> Advance:
+    batch, tickets = self.take_batch()
+    state, metrics = self.fn(state, batch)
+    return Advance(state, metrics, 1, tickets, self.consumed_per_update)
+
+  def done(self, version: int) -> bool:
+    return version >= self.target_version
+
+  def extra_metrics(self, idle_s: float) -> dict[str, Any]:
+    return {}
+
+  def snapshot(self) -> None:
+    return None
+
+  def close(self, controller: RateController) -> None:
+    for ticket in self._tickets:
+      controller.release(ticket)
+    self._rollouts, self._tickets = [], []

@@ -1,7 +1,7 @@
-"""The off-policy learner thread: rollouts go from the queue into a device-resident replay, and
-gradient steps sample from it, under Reverb's SampleToInsertRatio limiter (spi.py).
+"""The replay learner step (DQN): rollouts go from the queue into a device-resident replay, and
+gradient steps sample from it, under Reverb's SampleToInsertRatio limiter (spi_limiter.py).
 
-One thread does both, so neither ever waits on the other through a lock:
+The learner thread (loop.py) does both, so neither ever waits on the other through a lock:
 - it takes the next rollout from the queue (any actor), admits it through the rate controller
   and inserts it when the limiter allows an insert; while the limiter refuses (the learner is
   behind), the rollout is held, the actors fill the bounded queue and then block: that is how
@@ -20,8 +20,8 @@ Both compiled steps run under `shard_map` over the learner mesh: an insert write
 device's own env columns into its own shard of the replay; a gradient step samples each
 device's share of the batch from its shard and averages gradients with psum.
 
-Checkpoints (--checkpoint_replay): `replay_snapshot` gives the trainer's hook the replay and the
-host counters that go with it (the limiter's, the inserted rollouts), read in this thread
+Checkpoints (--checkpoint_replay): `snapshot` gives the trainer's hook the replay and the host
+counters that go with it (the limiter's, the inserted rollouts), read in the learner thread
 between steps, so they always agree; a resumed run hands the restored pair in through
 `replay_future`, and the learner goes on sampling from it with no second warm-up.
 """
@@ -29,20 +29,21 @@ between steps, so they always agree; a resumed run hands the restored pair in th
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 from typing import Any
 
 import jax
 
-from jaxrl_async.algos.base import Rollout
+from jaxrl_async.algos.base import Algorithm, Rollout
 from jaxrl_async.runtime.learners import replay_buffer as replay_lib
-from jaxrl_async.runtime.learners.on_policy import Learner, batch_shapes, skip_nonfinite
+from jaxrl_async.runtime.learners.loop import Advance
+from jaxrl_async.runtime.learners.on_policy import batch_shapes, skip_nonfinite
 from jaxrl_async.runtime.learners.spi_limiter import SampleToInsertRatio
-from jaxrl_async.runtime.pipeline.queue import QueueClosed
+from jaxrl_async.runtime.pipeline.rate import RateController
 from jaxrl_async.runtime.sharding import LEARNER_AXIS, batch_sharding, replicated
 
 _WAKE_S = 0.1
-_CLOSED = object()
 
 
 def abstract_replay(config: Any, spec: Any, algo: Any, mesh: Any) -> replay_lib.Replay:
@@ -53,39 +54,42 @@ def abstract_replay(config: Any, spec: Any, algo: Any, mesh: Any) -> replay_lib.
   return replay_lib.abstract(jax.eval_shape(ext.to_columns, rollout), columns, mesh, ext.seed)
 
 
-class OffPolicyLearner(Learner):
-  """`run()` is the thread body. Same constructor as `Learner`, plus `replay_future`: a future
-  of a restored `(replay, replay_meta)` (or of None: start empty). `algo.extension` is a
-  `dqn.ReplayExtension`-shaped bundle of pure functions."""
+class ReplayStep:
+  """The LearnerStep of an algorithm with a replay: `algo.extension` is its ReplayExtension.
 
-  def __init__(self, *args: Any, replay_future: Any = None, **kwargs: Any):
-    super().__init__(*args, **kwargs)
-    self.replay_future = replay_future
-    ext = self.algo.extension
-    self.ext = ext
-    self.devices = self.mesh.devices.size
-    self.per_insert = self.config.env_steps_per_rollout  # transitions in one rollout
+  `rollout` is one rollout's abstract shape; the budget is `total_env_steps` inserted (counted
+  from the state's own counter on a resume); `replay_future` is a future of a restored
+  `(replay, replay_meta)` (or of None: start empty).
+  """
+
+  def __init__(self, algo: Algorithm, mesh: Any, rollout: Rollout, abstract_replay: Any,
+               num_envs: int, total_env_steps: int, replay_future: Any = None):
+    ext = algo.extension
+    self.algo, self.ext, self.mesh, self.rollout = algo, ext, mesh, rollout
+    self.abstract_replay, self.num_envs = abstract_replay, num_envs
+    self.total_env_steps, self.replay_future = total_env_steps, replay_future
+    self.devices = mesh.devices.size
+    self.per_insert = rollout.rewards.shape[0] * num_envs  # transitions in one rollout
     self.steps_per_dispatch = ext.steps_per_dispatch  # gradient steps per compiled call
     self.per_dispatch = ext.batch_size * self.steps_per_dispatch  # sampled per call
     self.limiter = SampleToInsertRatio(ext.samples_per_insert, ext.min_replay_size,
                                        ext.error_buffer, self.per_insert, self.per_dispatch)
-    self.columns = replay_lib.num_columns(ext.replay_size, ext.steps, self.config.env.num_envs)
+    self.columns = replay_lib.num_columns(ext.replay_size, ext.steps, num_envs)
     self.replay: replay_lib.Replay | None = None
     self.insert_fn: Any = None
     self.learn_fn: Any = None
-    # The budget is inserted env steps (counted from the state's own counter on a resume).
     self.env_steps_inserted = 0
     self.insert_blocked_s = 0.0  # an admitted rollout waited for the limiter
     self.inserted_rollouts = 0
+    self._pending: tuple[Rollout, int] | None = None  # admitted, not yet let in by the limiter
+    self._pending_since = 0.0
 
   # -- the compiled steps -------------------------------------------------------------------
 
-  def _compile(self) -> None:
-    t0 = time.perf_counter()
-    ext, mesh = self.ext, self.mesh
-    rollout = batch_shapes(self.config, self.spec, self.algo, mesh)[0]
+  def compile(self, abstract_state: Any) -> None:
+    ext, mesh, rollout = self.ext, self.mesh, self.rollout
     # Compiled against shapes only: the buffer is allocated (or restored) once the state is.
-    replay = abstract_replay(self.config, self.spec, self.algo, mesh)
+    replay = self.abstract_replay
     rspecs = replay_lib.specs(mesh)
     split, rep = batch_sharding(mesh).spec, replicated(mesh).spec
     per_insert = self.per_insert
@@ -115,19 +119,17 @@ class OffPolicyLearner(Learner):
     # only reads it, and hands back the advanced sampling key alone.
     self.insert_fn = replay_lib.sharded(
         insert, mesh, (rep, rspecs, split), (rep, rspecs), donate_argnums=(1,)
-    ).lower(self.state, replay, rollout).compile()
+    ).lower(abstract_state, replay, rollout).compile()
     self.learn_fn = replay_lib.sharded(learn, mesh, (rep, rspecs), (rep, rep, rep)).lower(
-        self.state, replay).compile()
-    self.timers.compile_s = time.perf_counter() - t0
-    self.compiled.set()
+        abstract_state, replay).compile()
 
   # -- the replay: empty, restored, or saved --------------------------------------------------
 
-  def _await_replay(self) -> bool:
-    """Sets the replay: the restored one with its limiter counters, or an empty one. False if
-    the run stopped while waiting."""
+  def prepare(self, state: Any, version: int, stop: threading.Event) -> bool:
+    """Sets the replay, the restored one with its limiter counters or an empty one, and the
+    budget's count; False if the run stopped while waiting."""
     restored = None
-    while self.replay_future is not None and not self.stop.is_set():
+    while self.replay_future is not None and not stop.is_set():
       try:
         restored = self.replay_future.result(timeout=_WAKE_S)
         self.replay_future = None
@@ -136,107 +138,68 @@ class OffPolicyLearner(Learner):
     if self.replay_future is not None:
       return False
     if restored is None:
-      ext = self.ext
-      example = jax.eval_shape(ext.to_columns,
-                               batch_shapes(self.config, self.spec, self.algo, self.mesh)[0])
-      self.replay = replay_lib.init(example, self.columns, self.mesh, ext.seed)
+      example = jax.eval_shape(self.ext.to_columns, self.rollout)
+      self.replay = replay_lib.init(example, self.columns, self.mesh, self.ext.seed)
     else:
       self.replay, saved = restored
       self.limiter.load_state_dict(saved["limiter"])
       self.inserted_rollouts = int(saved["inserted_rollouts"])
+    self.env_steps_inserted = int(jax.device_get(state.env_steps))
     return True
 
-  def replay_snapshot(self) -> tuple[replay_lib.Replay, dict[str, Any]] | None:
-    """(replay, its host counters) for a checkpoint, or None before the replay exists. Call it
-    from this thread (the trainer's hook) or after it ended, so the two agree."""
+  def snapshot(self) -> tuple[replay_lib.Replay, dict[str, Any]] | None:
+    """(replay, its host counters) for a checkpoint, or None before the replay exists."""
     if self.replay is None:
       return None
-    filled = min(self.inserted_rollouts * self.config.env.num_envs, self.columns)
+    filled = min(self.inserted_rollouts * self.num_envs, self.columns)
     return self.replay, {"limiter": self.limiter.state_dict(),
                          "inserted_rollouts": self.inserted_rollouts,
                          "transitions": filled * self.ext.steps,
                          "capacity": self.columns * self.ext.steps}
 
-  # -- the loop -----------------------------------------------------------------------------
+  # -- what the loop asks ---------------------------------------------------------------------
 
-  def _take(self, timeout: float) -> Any:
-    """(rollout, ticket) admitted by the controller, None if none came, _CLOSED at shutdown."""
-    try:
-      item = self.queue.get(timeout)
-    except QueueClosed:
-      return _CLOSED
-    if item is None:
-      return None
-    rollout, info = item
-    if not self.controller.admit(info.ticket, info.behaviour_version):
-      return None  # too stale: dropped and counted by the controller
-    return rollout, info.ticket
+  def wants(self) -> bool:
+    return self._pending is None
 
-  def _insert(self, rollout: Rollout, ticket: int) -> None:
-    self.state, self.replay = self.insert_fn(self.state, self.replay, rollout)
-    self.limiter.record_insert(self.per_insert)
-    self.controller.published(self.version, [ticket])
-    self.env_steps_inserted += self.per_insert
-    self.inserted_rollouts += 1
+  def add(self, rollout: Rollout, ticket: int) -> None:
+    self._pending, self._pending_since = (rollout, ticket), time.perf_counter()
 
-  def _learn(self) -> None:
-    t0 = time.perf_counter()
-    self.state, key, self.last_metrics = self.learn_fn(self.state, self.replay)
+  def _can_insert(self) -> bool:
+    return self._pending is not None and self.limiter.can_insert(self.per_insert)
+
+  def ready(self) -> bool:
+    return self._can_insert() or self.limiter.can_sample()
+
+  def call(self, state: Any, version: int) -> Advance:
+    """Inserts the held rollout when the limiter lets it in, else takes a learn step."""
+    if self._can_insert():
+      rollout, ticket = self._pending
+      self._pending = None
+      self.insert_blocked_s += time.perf_counter() - self._pending_since
+      state, self.replay = self.insert_fn(state, self.replay, rollout)
+      self.limiter.record_insert(self.per_insert)
+      self.env_steps_inserted += self.per_insert
+      self.inserted_rollouts += 1
+      return Advance(state, None, 0, (ticket,), 0)
+    state, key, metrics = self.learn_fn(state, self.replay)
     self.replay = self.replay.replace(key=key)
     self.limiter.record_sample(self.per_dispatch)
-    self.version += self.steps_per_dispatch
-    self.store.publish(self.algo.actor_params(self.state), self.version)
-    self.controller.published(self.version, [])
-    self.timers.dispatch_s += time.perf_counter() - t0
-    self.timers.updates += self.steps_per_dispatch
-    self.timers.consumed_env_steps += self.per_dispatch
-    if self.timers.first_update_wall_s is None:
-      self.timers.first_update_wall_s = self.wall_s()
-    self._count_nonfinite(self.last_metrics["nonfinite"])
-    if self.after_update is not None:
-      self.after_update(self.version, self.state)
+    return Advance(state, metrics, self.steps_per_dispatch, (), self.per_dispatch)
 
-  def run(self) -> None:
-    self._compile()
-    if not self._await_state() or not self._await_replay():
-      return
-    self.env_steps_inserted = int(jax.device_get(self.state.env_steps))
-    budget = self.config.run.total_env_steps
-    pending: Any = None  # an admitted rollout the limiter has not let in yet
-    pending_since = 0.0
-    try:
-      while not self.stop.is_set():
-        if self.env_steps_inserted >= budget:
-          self.finished.set()
-          return
-        if pending is None:
-          can_learn = self.limiter.can_sample()
-          t0 = time.perf_counter()
-          # Never sit on the queue while there is learning to do; wait on it otherwise.
-          pending = self._take(0.0 if can_learn else _WAKE_S)
-          if not can_learn:
-            self.timers.idle_s += time.perf_counter() - t0
-          if pending is _CLOSED:
-            pending = None
-            return
-          pending_since = time.perf_counter()
-        if pending is not None and self.limiter.can_insert(self.per_insert):
-          self.insert_blocked_s += time.perf_counter() - pending_since
-          self._insert(*pending)
-          pending = None
-        elif self.limiter.can_sample():
-          self._learn()
-    finally:
-      if pending is not None:
-        self.controller.release(pending[1])
-      self.limiter.close()
+  def done(self, version: int) -> bool:
+    return self.env_steps_inserted >= self.total_env_steps
 
-  # -- what the monitor reads ---------------------------------------------------------------
+  def close(self, controller: RateController) -> None:
+    if self._pending is not None:
+      controller.release(self._pending[1])
+      self._pending = None
+    self.limiter.close()
 
-  def extra_metrics(self) -> dict[str, float]:
+  def extra_metrics(self, idle_s: float) -> dict[str, float]:
     """The reuse ratio the limiter holds, replay fill and the limiter's waits (host ints only,
-    so reading them never touches the device)."""
-    filled_columns = min(self.inserted_rollouts * self.config.env.num_envs, self.columns)
+    so reading them never touches the device); `idle_s` is the loop's wait for data."""
+    filled_columns = min(self.inserted_rollouts * self.num_envs, self.columns)
     out = {
         "spi_target": self.limiter.samples_per_insert,
         "replay_size": float(filled_columns * self.ext.steps),
@@ -244,10 +207,9 @@ class OffPolicyLearner(Learner):
         "inserted": float(self.limiter.inserted),
         "sampled": float(self.limiter.sampled),
         "insert_blocked_s": self.insert_blocked_s,
-        "sample_blocked_s": self.timers.idle_s,
+        "sample_blocked_s": idle_s,
     }
     ratio = self.limiter.ratio()
     if ratio is not None:  # sampled per inserted transition since the warm-up ended
       out["spi"] = ratio
     return out
-

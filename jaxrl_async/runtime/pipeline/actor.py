@@ -94,7 +94,7 @@ class Actor:
                store: ParamStore, controller: RateController, stats: EpisodeStats,
                stop: threading.Event, global_index: int | None = None,
                pool_factory: Any = envs.make_pool, start_version: int = 0,
-               gate: Any = None):
+               gate: Any = None, timers: ActorTimers | None = None):
     self.index, self.config, self.spec, self.algo = index, config, spec, algo
     self.policy_step, self.device, self.mesh = policy_step, device, mesh
     self.queue, self.store, self.controller, self.stats, self.stop = (
@@ -107,7 +107,8 @@ class Actor:
     self.gate = gate  # balance=auto: whether this actor may start a rollout now
     self.incarnation = 0
     self._steps_since_emit = 0
-    self.timers = ActorTimers()
+    # Given by the trainer, which counts env steps from them before the actors exist.
+    self.timers = timers if timers is not None else ActorTimers()
     self.T, self.E, self.B = config.actor.rollout_len, config.env.num_envs, config.env.batch_size
     self._atari = envs.is_atari(spec.env_id)
     self._outputs = PolicyOutputs(spec.action_shape, spec.action_dtype, algo.extras_spec)

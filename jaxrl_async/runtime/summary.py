@@ -1,0 +1,54 @@
+"""summary.json: what a run did, written once its threads have stopped."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jaxrl_async.metrics import wall_s
+
+
+def write_summary(trainer: Any, reason: str, actors: list[Any], learner: Any, controller: Any,
+                  stats: Any, monitor: Any, threads: list[Any]) -> dict[str, Any]:
+  """The run's summary.json (counters, timings, the config, what the layout chose), written to
+  the trainer's run dir and returned."""
+  now = wall_s()
+  t = learner.timers
+  timings = dict(trainer.timings)
+  timings["compile_update_s"] = t.compile_s
+  timings["first_update_wall_s"] = t.first_update_wall_s
+  timings["executables_loaded"] = sorted(trainer.executables.loaded)
+  summary = {
+      "solved": stats.solved.is_set(),
+      "solved_wall_s": stats.solved_wall_s,
+      "solved_env_steps": stats.solved_env_steps,
+      "final_return_mean": stats.return_mean(),
+      "stop_reason": reason,
+      "env_steps": monitor.env_steps(),
+      "episodes": trainer.start.episodes + stats.episodes,
+      "updates": t.updates,
+      "version": learner.version,
+      "resumed_from_version": trainer.start.resumed_from,
+      "replay_restored": trainer.replay_restored,
+      "wall_s": now,
+      "wall_s_total": trainer.start.wall_s_total + now,
+      "max_policy_lag_seen": controller.max_lag_seen,
+      "dropped_stale": controller.dropped_stale,
+      "lag_hist": {str(k): v for k, v in sorted(controller.lag_hist.items())},
+      "nonfinite_skipped": learner.nonfinite_skipped,
+      "actor_restarts": sum(th.restarts for th in threads),
+      "lost_rollouts": sum(a.timers.lost_rollouts for a in actors),
+      "lost_env_steps": sum(a.timers.lost_env_steps for a in actors),
+      "idle_env_steps": sum(a.timers.idle_env_steps for a in actors),
+      "checkpoints_saved": trainer.checkpointer.saves if trainer.checkpointer else 0,
+      "balance_decisions": ([vars(d) for d in monitor.balancer.decisions]
+                            if monitor.balancer else []),
+      "timings": timings,
+      "layout": trainer.layout_chosen,
+      "config": trainer.config.to_flat(),
+  }
+  if trainer.cluster is not None:
+    summary["distributed"] = trainer.cluster.summary()
+  trainer.run_dir.mkdir(parents=True, exist_ok=True)
+  (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+  return summary
