@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from jaxrl_async.algos import dqn_config, ppo_config
+from jaxrl_async.algos.a2c_config import A2CConfig
 from jaxrl_async.algos.dqn_config import DQNConfig
 from jaxrl_async.algos.impala_config import ImpalaConfig
 from jaxrl_async.algos.ppo_config import PPOConfig
@@ -62,6 +63,7 @@ ALGORITHMS: dict[str, Entry] = {
                  check=ppo_config.check_run),
     "dqn": Entry(DQNConfig, "jaxrl_async.algos.dqn:make_dqn", dqn_config.factory_args,
                  check=dqn_config.check_run, discrete_only=True, off_policy=True),
+    "a2c": Entry(A2CConfig, "jaxrl_async.algos.a2c:make_a2c", on_policy_args, discrete_only=True),
 }
 
 
