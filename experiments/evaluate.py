@@ -78,7 +78,8 @@ def evaluate(run_dir: Path, episodes: int, greedy: bool, version: int | None, se
 
   from jaxrl_async import envs
   from jaxrl_async.checkpoint import Checkpointer
-  from jaxrl_async.runtime.trainer import Trainer, validate
+  from jaxrl_async.runtime.build import abstract_state, build
+  from jaxrl_async.runtime.validation import validate
 
   ck = Checkpointer(run_dir)
   meta = ck.read_meta(version)
@@ -91,15 +92,16 @@ def evaluate(run_dir: Path, episodes: int, greedy: bool, version: int | None, se
   spec = validate(config, run_dir)
   if video_path:
     check_video(video_path, spec)
-  trainer = Trainer(config, spec, run_dir=run_dir, quiet=True)
-  state, meta = ck.restore(trainer.abstract_state(), version or meta["version"])
-  params = jax.device_put(trainer.algo.actor_params(state), trainer.actor_device)
+  parts = build(config, spec, run_dir)
+  algo = parts.algo
+  state, meta = ck.restore(abstract_state(parts), version or meta["version"])
+  params = jax.device_put(algo.actor_params(state), parts.actor_device)
   if greedy:
-    if trainer.algo.greedy_policy is None:
+    if algo.greedy_policy is None:
       raise ConfigError("greedy", True, f"{config.learner.algo} has no greedy policy")
-    act = jax.jit(lambda p, o, k: (trainer.algo.greedy_policy(p, o), k))
+    act = jax.jit(lambda p, o, k: (algo.greedy_policy(p, o), k))
   else:
-    policy = trainer.algo.make_policy(0)
+    policy = algo.make_policy(0)
     act = jax.jit(lambda p, o, k: (policy(p, o, jax.random.split(k)[1])[0],
                                    jax.random.split(k)[0]))
   n = min(episodes, 16)
@@ -114,7 +116,7 @@ def evaluate(run_dir: Path, episodes: int, greedy: bool, version: int | None, se
   atari = envs.is_atari(config.env.env_id)
   steps = 0
   while len(returns) < episodes and steps < max_steps:
-    action, key = act(params, obs.astype(trainer.spec.obs_dtype), key)
+    action, key = act(params, obs.astype(spec.obs_dtype), key)
     obs, reward, term, trunc, info = pool.step(np.asarray(action), ids)
     steps += n
     if frames is not None:

@@ -89,6 +89,7 @@ def main(argv: list[str]) -> int:
 
     # The sizes depend on the host's devices, which only JAX (after joining a cluster) can see.
     config, layout = resolve_config(detect_host())
+    from jaxrl_async.runtime.build import build
     from jaxrl_async.runtime.trainer import Trainer, check_run_dir, validate
 
     timings = {"import_s": wall_s()}  # process start to every import done
@@ -102,8 +103,8 @@ def main(argv: list[str]) -> int:
   if not config.run.run_dir:
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, run_dir=str(run_dir)))
   try:
-    trainer = Trainer(config, spec, run_dir, quiet=_QUIET.value, timings=timings,
-                      layout=layout.to_json())
+    parts = build(config, spec, run_dir, layout.to_json())
+    trainer = Trainer(parts, quiet=_QUIET.value, timings=timings)
     install_signal_handlers(trainer)
     result = trainer.run()
   except BaseException as e:
@@ -118,7 +119,7 @@ def main(argv: list[str]) -> int:
   s = result.summary
   print(f"done: {s['stop_reason']} solved={s['solved']} solved_wall_s={s['solved_wall_s']} "
         f"solved_env_steps={s['solved_env_steps']} return_mean={s['final_return_mean']} "
-        f"env_steps={s['env_steps']} wall_s={s['wall_s']:.1f} -> {trainer.run_dir}/summary.json")
+        f"env_steps={s['env_steps']} wall_s={s['wall_s']:.1f} -> {parts.run_dir}/summary.json")
   return 0
 
 

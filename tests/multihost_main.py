@@ -110,7 +110,7 @@ def train(config, run_dir):
   from jaxrl_async.runtime.sharding import check_replicated
   from jaxrl_async.runtime.trainer import Trainer
 
-  result = Trainer(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run()
+  result = Trainer.from_config(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run()
   check_replicated(result.state.params)
   s = result.summary
   return {"version": result.version, "params": fingerprint(result.state.params)[0],

@@ -59,7 +59,7 @@ def main(run_dir):
                                    jax.random.key(0)).params)[0])  # the update did something
   config = small_config(num_envs=16, rollout_len=16, learner_devices=4, num_actors=2,
                         total_env_steps=20_000, hidden_sizes="64,64")
-  result = Trainer(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run()
+  result = Trainer.from_config(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run()
   check_replicated(result.state.params)
   assert result.summary["updates"] > 50, result.summary
   print("SHARDED_OK", result.summary["final_return_mean"])

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxrl_async import algos, envs
+from jaxrl_async import algos
 from jaxrl_async.algos.a2c import a2c_loss
 from jaxrl_async.algos.base import Rollout
 from jaxrl_async.config import ConfigError, TrainConfig
@@ -67,6 +67,6 @@ def test_a2c_learns_cartpole(tmp_path):
   config = small_config(algo="a2c", num_actors=1, max_policy_lag=0, num_envs=16,
                         rollout_len=16, hidden_sizes="64,64", total_env_steps=100_000,
                         stop_at_return=150.0)
-  s = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True).run().summary
+  s = Trainer.from_config(config, run_dir=tmp_path, quiet=True).run().summary
   assert s["solved"], f"return_mean only {s['final_return_mean']} after {s['env_steps']} steps"
   assert s["max_policy_lag_seen"] == 0

@@ -9,6 +9,7 @@ import pytest
 
 from jaxrl_async import envs
 from jaxrl_async.metrics import EpisodeStats
+from jaxrl_async.runtime.build import build
 from jaxrl_async.runtime.pipeline.actor import Actor
 from jaxrl_async.runtime.pipeline.params import ParamStore
 from jaxrl_async.runtime.pipeline.queue import RolloutQueue
@@ -24,16 +25,17 @@ def collect(config, n: int, tmp_path, consume_delay_s: float = 0.0):
   """Runs one actor on a FakePool and returns its first n rollouts as host arrays, its episode
   stats and the actor; each rollout's ticket comes back `consume_delay_s` after it arrives."""
   spec = envs.env_spec(config.env)
-  trainer = Trainer(config, spec, run_dir=tmp_path, quiet=True)
+  parts = build(config, spec, tmp_path)
+  trainer = Trainer(parts, quiet=True)
   state = trainer._init_state()
   store = ParamStore()
-  store.publish(trainer.algo.actor_params(state), 0)
+  store.publish(parts.algo.actor_params(state), 0)
   queue = RolloutQueue(4)
   controller = RateController(config.rate)
   stop = threading.Event()
   stats = EpisodeStats(5, float("nan"), lambda: 0)
-  actor = Actor(0, config, spec, trainer.algo, trainer._policy_step(store.latest()[0]),
-                trainer.actor_device, trainer.mesh, queue, store, controller, stats, stop,
+  actor = Actor(0, config, spec, parts.algo, trainer._policy_step(store.latest()[0]),
+                parts.actor_device, parts.mesh, queue, store, controller, stats, stop,
                 pool_factory=fake_factory(episode_len=EPISODE_LEN, truncate_every=3))
   thread = threading.Thread(target=actor.run, daemon=True)
   thread.start()

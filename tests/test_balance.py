@@ -6,7 +6,6 @@ import types
 
 import pytest
 
-from jaxrl_async import envs
 from jaxrl_async.runtime.pipeline.balance import ActorGate, Balancer
 from jaxrl_async.runtime.trainer import Trainer
 from tests.conftest import small_config
@@ -125,7 +124,7 @@ def test_run_under_auto_balance_keeps_the_cap_and_logs_decisions(tmp_path):
   # target_idle=1: the learner counts as busy, so the lag rule may act on this fast learner.
   config = small_config(num_actors=4, max_policy_lag=2, balance="auto", target_lag=0.2,
                         target_idle=1.0, balance_every_s=0.2, total_env_steps=8_000)
-  s = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True).run().summary
+  s = Trainer.from_config(config, run_dir=tmp_path, quiet=True).run().summary
   assert s["max_policy_lag_seen"] <= 2
   assert s["balance_decisions"], "4 actors with K=2 should push the mean lag over 0.2"
   assert all(d["reason"] for d in s["balance_decisions"])

@@ -18,16 +18,23 @@ from experiments.presets import preset
 from jaxrl_async import envs
 from jaxrl_async.checkpoint import Checkpointer
 from jaxrl_async.config import ConfigError, TrainConfig
-from jaxrl_async.runtime import trainer as trainer_mod
+from jaxrl_async.runtime import build as build_mod
+from jaxrl_async.runtime.build import abstract_state, build
+from jaxrl_async.runtime.learners.replay_step import abstract_replay
 from jaxrl_async.runtime.trainer import ThreadFailed, Trainer, validate
 from tests.conftest import small_config
+
+
+def replay_shapes(parts):
+  return abstract_replay(parts.config, parts.spec, parts.algo, parts.mesh)
+
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
 
 
 def run(config, run_dir):
-  return Trainer(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run()
+  return Trainer.from_config(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run()
 
 
 def assert_trees_equal(a, b):
@@ -41,8 +48,8 @@ def assert_trees_equal(a, b):
 def test_save_then_resume_is_exact_and_continues(tmp_path):
   config = small_config(total_env_steps=3_000, checkpoint_at_end=True)
   first = run(config, tmp_path)
-  trainer = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True)
-  state, meta = Checkpointer(tmp_path).restore(trainer.abstract_state())
+  parts = build(config, envs.env_spec(config.env), tmp_path)
+  state, meta = Checkpointer(tmp_path).restore(abstract_state(parts))
   assert meta["version"] == first.version
   assert_trees_equal(state, first.state)  # params, optimiser state, RNG key, version
   assert meta["counters"]["env_steps"] == first.summary["env_steps"]
@@ -100,8 +107,8 @@ def test_interrupted_save_never_hides_the_previous_checkpoint(tmp_path):
   (partial / "state" / "garbage").write_bytes(b"\0" * 100)
   ck = Checkpointer(tmp_path)
   assert ck.latest_version() == first.version
-  trainer = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True)
-  state, _ = ck.restore(trainer.abstract_state())
+  parts = build(config, envs.env_spec(config.env), tmp_path)
+  state, _ = ck.restore(abstract_state(parts))
   assert_trees_equal(state.params, first.state.params)
 
 
@@ -165,7 +172,7 @@ def test_sigterm_exits_0_with_a_final_checkpoint(tmp_path):
 
 def _poison_updates(monkeypatch, from_version):
   """Makes every update from `from_version` on produce NaN gradients (hence NaN params)."""
-  make = trainer_mod.make_algorithm
+  make = build_mod.make_algorithm
 
   def make_poisoned(config, spec, axis_name):
     algo = make(config, spec, axis_name)
@@ -179,7 +186,7 @@ def _poison_updates(monkeypatch, from_version):
 
     return algo._replace(update=update)
 
-  monkeypatch.setattr(trainer_mod, "make_algorithm", make_poisoned)
+  monkeypatch.setattr(build_mod, "make_algorithm", make_poisoned)
 
 
 def test_nonfinite_updates_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
@@ -187,15 +194,15 @@ def test_nonfinite_updates_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
   config = small_config(total_env_steps=10**8, max_nonfinite_updates=4, checkpoint_at_end=True)
   with pytest.raises(ThreadFailed, match="non-finite"):
     run(config, tmp_path)
-  trainer = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True)
-  state, meta = Checkpointer(tmp_path).restore(trainer.abstract_state())
+  parts = build(config, envs.env_spec(config.env), tmp_path)
+  state, meta = Checkpointer(tmp_path).restore(abstract_state(parts))
   leaves = jax.tree.leaves(jax.device_get(state.params))
   assert all(np.isfinite(x).all() for x in leaves)  # the last good params were kept and saved
   assert meta["version"] >= 5
 
 
 def test_isolated_nonfinite_updates_are_skipped_and_counted(tmp_path, monkeypatch):
-  make = trainer_mod.make_algorithm
+  make = build_mod.make_algorithm
 
   def make_flaky(config, spec, axis_name):
     algo = make(config, spec, axis_name)
@@ -207,7 +214,7 @@ def test_isolated_nonfinite_updates_are_skipped_and_counted(tmp_path, monkeypatc
 
     return algo._replace(update=update)
 
-  monkeypatch.setattr(trainer_mod, "make_algorithm", make_flaky)
+  monkeypatch.setattr(build_mod, "make_algorithm", make_flaky)
   s = run(small_config(total_env_steps=3_000, max_nonfinite_updates=2), tmp_path).summary
   assert s["stop_reason"] == "budget"
   assert s["nonfinite_skipped"] >= 3
@@ -249,8 +256,8 @@ def test_checkpoint_replay_restores_the_replay_exactly_and_resumes_without_warm_
   assert version == first.version and saved_replay is not None
   assert (tmp_path / "checkpoints" / str(version) / "replay").is_dir()
 
-  trainer = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True)
-  replay, counters = Checkpointer(tmp_path).restore_replay(trainer._abstract_replay())
+  parts = build(config, envs.env_spec(config.env), tmp_path)
+  replay, counters = Checkpointer(tmp_path).restore_replay(replay_shapes(parts))
   assert_trees_equal(replay, saved_replay)  # contents, write position, fill, sampling key
   assert counters == saved_meta["replay"]
   filled = int(replay.filled)
@@ -286,8 +293,8 @@ def test_without_checkpoint_replay_the_checkpoint_has_no_replay_and_resume_refil
   first = run(config, tmp_path)
   assert saves[-1][2] is None and "replay" not in saves[-1][1]
   assert not (tmp_path / "checkpoints" / str(first.version) / "replay").exists()
-  trainer = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True)
-  assert Checkpointer(tmp_path).restore_replay(trainer._abstract_replay()) is None
+  parts = build(config, envs.env_spec(config.env), tmp_path)
+  assert Checkpointer(tmp_path).restore_replay(replay_shapes(parts)) is None
 
   # Asking for the replay on resume from a checkpoint without one starts an empty replay,
   # which three rollouts do not warm up: no update (and the checkpoint stays as it was).
@@ -317,7 +324,7 @@ def _three_checkpoints(run_dir: Path) -> tuple[object, dict]:
   """Checkpoints 10, 20, 30 of a small IMPALA state, params shifted by the version so that each
   is told apart; returns the abstract state and the saved states by version."""
   config = small_config()
-  trainer = Trainer(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True)
+  trainer = Trainer.from_config(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True)
   initial = trainer._init_state()
   ck = Checkpointer(run_dir, use_async=False)
   saved = {}
@@ -326,7 +333,7 @@ def _three_checkpoints(run_dir: Path) -> tuple[object, dict]:
     ck.save(v, saved[v], {"version": v, "counters": {"env_steps": 64 * v},
                           "config": config.to_flat()})
   ck.close()
-  return trainer.abstract_state(), saved
+  return abstract_state(trainer.parts), saved
 
 
 def _files(step: Path) -> list[Path]:

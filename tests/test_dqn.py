@@ -172,7 +172,7 @@ def test_bad_dqn_combinations_fail_before_any_thread(values, flag):
     return  # the Trainer would first (rightly) refuse the 4 devices this process lacks
   before = threading.active_count()
   with pytest.raises(ConfigError, match=f"--{flag}="):
-    Trainer(config, envs.env_spec(config.env), quiet=True)
+    Trainer.from_config(config, envs.env_spec(config.env), quiet=True)
   assert threading.active_count() == before
 
 
@@ -197,7 +197,7 @@ def test_dqn_learns_cartpole(tmp_path):
   # --seeds=0-29 --flags='{"total_env_steps": 100000, "stop_at_return": 100}'`). The old bar,
   # 150 within 60k, failed 5 seeds of 22 (one never passed 140: BUILD_NOTES, "DQN's spread").
   config = small_config(**DQN_CARTPOLE, total_env_steps=100_000, stop_at_return=100.0)
-  result = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True).run()
+  result = Trainer.from_config(config, run_dir=tmp_path, quiet=True).run()
   s = result.summary
   assert s["solved"], f"return_mean only {s['final_return_mean']} after {s['env_steps']} steps"
   # One version per gradient step, each on batch_size sampled transitions.

@@ -23,7 +23,7 @@ def initial_checkpoint(run_dir: Path, **flat) -> TrainConfig:
   evaluate reads (state and config) is all there, at a fraction of a run's cost."""
   # The key layout in the checkpoint follows the PRNG of this process, which evaluate then uses.
   config = TrainConfig.from_flat(flat | {"prng_impl": jax.config.jax_default_prng_impl})
-  trainer = Trainer(config, validate(config, run_dir), run_dir=run_dir, quiet=True)
+  trainer = Trainer.from_config(config, validate(config, run_dir), run_dir=run_dir, quiet=True)
   ck = Checkpointer(run_dir, use_async=False)
   ck.save(0, trainer._init_state(), {"version": 0, "config": config.to_flat()})
   ck.close()

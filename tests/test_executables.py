@@ -47,21 +47,21 @@ _HOST_VARIANTS = (
 def _lowered_programs(config) -> dict[str, str]:
   """The text of every program the executable cache serves, lowered as the trainer does."""
   from jaxrl_async import envs
+  from jaxrl_async.runtime.build import build, trace_init
   from jaxrl_async.runtime.learners.on_policy import lower_update
   from jaxrl_async.runtime.pipeline.policy_step import lower_policy_step
-  from jaxrl_async.runtime.trainer import Trainer
 
   spec = envs.env_spec(config.env)
-  trainer = Trainer(config, spec, run_dir=None)
-  traced = trainer._trace_init()
+  parts = build(config, spec)
+  traced = trace_init(parts)
   abstract = traced.out_info
   programs = {"init": traced.lower().as_text()}
   for i in range(config.actor.num_actors):
     programs[f"policy-{i}"] = lower_policy_step(
-        trainer.algo.make_policy(i), trainer.algo.actor_params(abstract), spec,
-        config.env.batch_size, trainer.actor_device).as_text()
-  if not trainer.algo.off_policy:  # DQN's update compiles in learners/replay_step.py, uncached
-    programs["update"] = lower_update(config, spec, trainer.algo, trainer.mesh,
+        parts.algo.make_policy(i), parts.algo.actor_params(abstract), spec,
+        config.env.batch_size, parts.actor_device).as_text()
+  if not parts.algo.off_policy:  # DQN's update compiles in learners/replay_step.py, uncached
+    programs["update"] = lower_update(config, spec, parts.algo, parts.mesh,
                                       abstract).as_text()
   return programs
 
@@ -139,7 +139,7 @@ if mode == "xla_only":  # JAX's persistent cache on, the executable cache off
 config = small_config(max_policy_lag=0, num_actors=1, total_env_steps=3_000,
                       compilation_cache_dir=cache_dir)
 jax_config.configure_jax(config)
-result = Trainer(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run()
+result = Trainer.from_config(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run()
 leaves = jax.tree.leaves(jax.device_get(result.state.params))
 np.savez(run_dir + "/params.npz", *leaves)
 """

@@ -10,7 +10,6 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jaxrl_async import envs
 from jaxrl_async.config import ConfigError, TrainConfig
 from jaxrl_async.runtime.trainer import Trainer, validate
 
@@ -77,5 +76,5 @@ def test_valid_small_configs_run_one_update(tmp_path_factory, num_envs, rollout_
       total_env_steps=num_envs * rollout_len, stop_at_return=float("nan"),
       hidden_sizes="8", checkpoint_at_end=False, checkpoint_every_s=0.0))
   run_dir = tmp_path_factory.mktemp("fuzz")
-  s = Trainer(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run().summary
+  s = Trainer.from_config(config, run_dir=run_dir, quiet=True).run().summary
   assert s["updates"] == 1 and s["version"] == 1

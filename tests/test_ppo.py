@@ -171,7 +171,7 @@ def test_obs_norm_is_refused_for_image_observations():
 
 
 def run(config, tmp_path):
-  return Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True).run()
+  return Trainer.from_config(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True).run()
 
 
 PPO_CARTPOLE = dict(algo="ppo", num_envs=8, rollout_len=32, learning_rate=1e-3,

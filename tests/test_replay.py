@@ -136,7 +136,7 @@ def _sharded_main(run_dir: str):
   config = small_config(algo="dqn", learner_devices=4, free_running=True, batch_size=32,
                         replay_size=2_000, min_replay_size=256, samples_per_insert=2.0,
                         spi_tolerance=1.0, total_env_steps=3_000)
-  result = Trainer(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run()
+  result = Trainer.from_config(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run()
   check_replicated(result.state.params)
   check_replicated(result.state.target_params)
   assert result.summary["updates"] > 50, result.summary
@@ -242,7 +242,7 @@ def test_run_holds_the_reuse_ratio_with_slow_actors_then_a_slow_learner(tmp_path
   config = small_config(algo="dqn", num_actors=2, free_running=True, batch_size=32,
                         replay_size=5_000, min_replay_size=500, samples_per_insert=2.0,
                         spi_tolerance=0.5, total_env_steps=12_000, log_every_s=0.25)
-  result = Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True).run()
+  result = Trainer.from_config(config, run_dir=tmp_path, quiet=True).run()
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   # The warm-up ends at 512 (whole rollouts); 512 inserts later the bound 250 / I' is <= 0.5.
   measured = [r["spi"] for r in records if "spi" in r and r["inserted"] >= 1_024]

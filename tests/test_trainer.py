@@ -8,7 +8,6 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_async import envs
 from jaxrl_async.runtime.learners import on_policy as learner_mod
 from jaxrl_async.runtime.pipeline import actor as actor_mod
 from jaxrl_async.runtime.trainer import ThreadFailed, Trainer
@@ -16,7 +15,7 @@ from tests.conftest import small_config
 
 
 def run(config, tmp_path, **kwargs):
-  return Trainer(config, envs.env_spec(config.env), run_dir=tmp_path, quiet=True, **kwargs).run()
+  return Trainer.from_config(config, run_dir=tmp_path, quiet=True, **kwargs).run()
 
 
 def component_threads_alive():

@@ -15,8 +15,8 @@ def test_async_envpool_never_drops(K, actors, batch, U, tmp_path):
   config = small_config(num_actors=actors, num_envs=8, env_batch_size=batch, rollout_len=8,
                         max_policy_lag=K, rollouts_per_update=U, total_env_steps=8_000,
                         seed=K)
-  trainer = Trainer(config, run_dir=tmp_path, quiet=True,
-                    pool_factory=fake_factory(episode_len=9, jitter_s=0.002))
+  trainer = Trainer.from_config(config, run_dir=tmp_path, quiet=True,
+                                pool_factory=fake_factory(episode_len=9, jitter_s=0.002))
   s = trainer.run().summary
   assert s["dropped_stale"] == 0
   assert s["max_policy_lag_seen"] <= K

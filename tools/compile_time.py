@@ -38,29 +38,30 @@ def main() -> None:
   from jaxrl_async.runtime import jax_config
 
   jax_config.configure_jax(config)
+  from jaxrl_async.runtime.build import build, trace_init
   from jaxrl_async.runtime.learners.on_policy import lower_update
   from jaxrl_async.runtime.pipeline.policy_step import lower_policy_step
-  from jaxrl_async.runtime.trainer import _RUN_ONCE_OPTIONS, Trainer, validate
+  from jaxrl_async.runtime.trainer import _RUN_ONCE_OPTIONS
 
-  spec = validate(config, None)
-  trainer = Trainer(config, spec, None)
-  traced = trainer._trace_init()
+  parts = build(config)
+  spec = parts.spec
+  traced = trace_init(parts)
   abstract = traced.out_info
   programs = {  # name -> (lower, compile options, devices)
       "init": (traced.lower, None if args.default_init_options else _RUN_ONCE_OPTIONS,
-               trainer.devices),
+               parts.hosts.learner_devices),
       "policy-0": (lambda: lower_policy_step(
-          trainer.algo.make_policy(0), trainer.algo.actor_params(abstract), spec,
-          config.env.batch_size, trainer.actor_device), None, [trainer.actor_device]),
-      "update": (lambda: lower_update(config, spec, trainer.algo, trainer.mesh, abstract), None,
-                 list(trainer.mesh.devices.flat)),
+          parts.algo.make_policy(0), parts.algo.actor_params(abstract), spec,
+          config.env.batch_size, parts.actor_device), None, [parts.actor_device]),
+      "update": (lambda: lower_update(config, spec, parts.algo, parts.mesh, abstract), None,
+                 list(parts.mesh.devices.flat)),
   }
   if args.cache_dir:  # first: a miss here must compile (not be served by XLA's cache) to store
     t0 = time.perf_counter()
     for name, (lower, options, devices) in programs.items():
-      trainer.executables.compile(name, devices, lower, options)
+      parts.executables.compile(name, devices, lower, options)
     print(f"executable cache: {time.perf_counter() - t0:.2f} s for all three, loaded "
-          f"{trainer.executables.loaded or 'none (compiled and stored; run again)'}")
+          f"{parts.executables.loaded or 'none (compiled and stored; run again)'}")
   for name, (lower, options, _) in programs.items():
     t0 = time.perf_counter()
     lowered = lower()

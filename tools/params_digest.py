@@ -8,8 +8,8 @@ and compare the digests, e.g. against a44f5c3:
   PYTHONPATH=/tmp/old python tools/params_digest.py --algos impala,ppo
   PYTHONPATH=. python tools/params_digest.py --algos impala,ppo
 
-Only the old checkout's `TrainConfig.from_flat`, `envs.env_spec` and `Trainer(...).run()` are used,
-so the tool runs on checkouts older than itself. Prints one JSON line per algorithm.
+Only `TrainConfig.from_flat`, `envs.env_spec` and a Trainer's `run()` are used, so the tool runs
+on checkouts older than itself. Prints one JSON line per algorithm.
 """
 
 from __future__ import annotations
@@ -36,7 +36,12 @@ def digest(algo: str, seed: int) -> dict[str, Any]:
 
   config = TrainConfig.from_flat(BASE | PER_ALGO.get(algo, {}) | {"algo": algo, "seed": seed})
   with tempfile.TemporaryDirectory() as run_dir:
-    result = Trainer(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run()
+    spec = envs.env_spec(config.env)
+    if hasattr(Trainer, "from_config"):  # runtime/build.py's checkouts
+      trainer = Trainer.from_config(config, spec, run_dir=run_dir, quiet=True)
+    else:  # older checkouts built inside the Trainer
+      trainer = Trainer(config, spec, run_dir=run_dir, quiet=True)
+    result = trainer.run()
   h = hashlib.sha256()
   for leaf in jax.tree.leaves(jax.device_get(result.state.params)):
     h.update(np.ascontiguousarray(leaf).tobytes())

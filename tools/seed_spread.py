@@ -34,7 +34,6 @@ def main() -> int:
   parser.add_argument("--seeds", default="0-9", type=seed_list, help="e.g. 0-29 or 0,3,5")
   args = parser.parse_args()
 
-  from jaxrl_async import envs
   from jaxrl_async.config import TrainConfig
   from jaxrl_async.runtime.trainer import Trainer
   from tools.suites.convergence import read_records
@@ -56,7 +55,7 @@ def main() -> int:
       config = make(seed)
       run_dir = Path(tmp) / str(seed)
       t0 = time.perf_counter()
-      s = Trainer(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True).run().summary
+      s = Trainer.from_config(config, run_dir=run_dir, quiet=True).run().summary
       returns = [r["return_mean"] for r in read_records(run_dir)
                  if r.get("return_mean") is not None]
       print(f"seed {seed}: solved={s['solved']} env_steps={s['env_steps']} "

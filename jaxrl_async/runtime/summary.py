@@ -13,11 +13,12 @@ def write_summary(trainer: Any, reason: str, actors: list[Any], learner: Any, co
   """The run's summary.json (counters, timings, the config, what the layout chose), written to
   the trainer's run dir and returned."""
   now = wall_s()
+  parts = trainer.parts
   t = learner.timers
   timings = dict(trainer.timings)
   timings["compile_update_s"] = t.compile_s
   timings["first_update_wall_s"] = t.first_update_wall_s
-  timings["executables_loaded"] = sorted(trainer.executables.loaded)
+  timings["executables_loaded"] = sorted(parts.executables.loaded)
   summary = {
       "solved": stats.solved.is_set(),
       "solved_wall_s": stats.solved_wall_s,
@@ -40,15 +41,18 @@ def write_summary(trainer: Any, reason: str, actors: list[Any], learner: Any, co
       "lost_rollouts": sum(a.timers.lost_rollouts for a in actors),
       "lost_env_steps": sum(a.timers.lost_env_steps for a in actors),
       "idle_env_steps": sum(a.timers.idle_env_steps for a in actors),
-      "checkpoints_saved": trainer.checkpointer.saves if trainer.checkpointer else 0,
+      "checkpoints_saved": parts.checkpointer.saves if parts.checkpointer else 0,
+      # Damaged checkpoints a resume passed over (version -> why), set aside beside the good.
+      "checkpoints_skipped": ({str(v): why for v, why in parts.checkpointer.skipped.items()}
+                              if parts.checkpointer else {}),
       "balance_decisions": ([vars(d) for d in monitor.balancer.decisions]
                             if monitor.balancer else []),
       "timings": timings,
-      "layout": trainer.layout_chosen,
-      "config": trainer.config.to_flat(),
+      "layout": parts.layout,
+      "config": parts.config.to_flat(),
   }
-  if trainer.cluster is not None:
-    summary["distributed"] = trainer.cluster.summary()
-  trainer.run_dir.mkdir(parents=True, exist_ok=True)
-  (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+  if parts.cluster is not None:
+    summary["distributed"] = parts.cluster.summary()
+  parts.run_dir.mkdir(parents=True, exist_ok=True)
+  (parts.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
   return summary

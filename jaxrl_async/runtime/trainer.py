@@ -21,13 +21,11 @@ import jax
 import numpy as np
 
 from jaxrl_async import envs
-from jaxrl_async.algos import make_algorithm
-from jaxrl_async.checkpoint import Checkpointer
 from jaxrl_async.config import TrainConfig
 from jaxrl_async.loggers import make_logger
 from jaxrl_async.metrics import EpisodeStats, MetricsWriter, wall_s
+from jaxrl_async.runtime.build import Components, build, trace_init
 from jaxrl_async.runtime.checkpoint_hook import CheckpointHook
-from jaxrl_async.runtime.executables import ExecutableCache
 from jaxrl_async.runtime.learners.global_step import GlobalStep, compile_global_update
 from jaxrl_async.runtime.learners.loop import LearnerLoop
 from jaxrl_async.runtime.learners.on_policy import OnPolicyStep, batch_shapes, compile_update
@@ -39,7 +37,6 @@ from jaxrl_async.runtime.pipeline.params import ParamStore
 from jaxrl_async.runtime.pipeline.policy_step import compile_policy_step
 from jaxrl_async.runtime.pipeline.queue import RolloutQueue
 from jaxrl_async.runtime.pipeline.rate import RateController
-from jaxrl_async.runtime.sharding import LEARNER_AXIS, learner_mesh, replicated
 from jaxrl_async.runtime.summary import write_summary
 from jaxrl_async.runtime.supervision import Supervised, ThreadFailed, join_all
 from jaxrl_async.runtime.validation import check_devices, check_run_dir, validate
@@ -85,48 +82,25 @@ class _Start:
 class Trainer:
   """One training run on this host. `run()` returns a RunResult or raises ThreadFailed."""
 
-  def __init__(self, config: TrainConfig, spec: envs.EnvSpec | None = None,
-               run_dir: Path | None = None, quiet: bool = False, timings: dict | None = None,
-               pool_factory: Any = None, layout: dict | None = None):
-    self.config = config
-    self.layout_chosen = layout  # jaxrl_async/layout.py's choice, for summary.json
-    self.run_dir = Path(run_dir or config.run.run_dir or "runs/default")
-    self.spec = spec or validate(config, self.run_dir)
+  def __init__(self, parts: Components, quiet: bool = False, timings: dict | None = None,
+               pool_factory: Any = None):
+    """A run of `parts` (runtime/build.py); `timings` are start-up times measured before it
+    (imports), for summary.json; `pool_factory` makes the actors' env pools (tests: fakes)."""
+    self.parts = parts
+    self.config = parts.config
     self.quiet = quiet
     self.timings = dict(timings or {})
     self.stop = threading.Event()
     self._stop_reason: str | None = None
     self.pool_factory = pool_factory or envs.make_pool
-    self.devices = check_devices(config)
-    self.mesh = learner_mesh(self.devices)
-    self.actor_device = self.devices[0]
-    self.actor_devices = [self.actor_device]
-    self.put_mesh = self.mesh  # where actors put rollouts: this host's learner devices
-    # Multi-process runs (and explicit --actor_devices) take their devices from
-    # runtime/cluster/hosts.py; the update then runs over every host's learner devices.
-    self.layout: Any = None
-    self.cluster: Any = None
-    if config.distributed.enabled or config.distributed.actor_devices:
-      from jaxrl_async.runtime.cluster.hosts import host_layout
-
-      self.layout = host_layout(config)
-      self.devices, self.actor_devices = self.layout.learner_devices, self.layout.actor_devices
-      self.mesh, self.put_mesh = self.layout.learner_mesh, self.layout.local_mesh
-      self.actor_device = self.actor_devices[0]
-    if config.distributed.enabled:
-      from jaxrl_async.runtime.cluster.lockstep import Cluster
-
-      self.cluster = Cluster(config, self.layout)
-    self.algo = make_algorithm(config, self.spec, LEARNER_AXIS)
-    self.executables = ExecutableCache.for_config(config)
-    ck = config.checkpoint
-    make_checkpointer = self.cluster.make_checkpointer if self.cluster else Checkpointer
-    self.checkpointer = make_checkpointer(self.run_dir, ck.keep_checkpoints, ck.checkpoint_every_s,
-                                          ck.checkpoint_every_updates) if ck.enabled else None
-    if self.cluster is not None:  # checkpoints are the run's; metrics and summary this host's
-      self.run_dir = self.cluster.host_dir(self.run_dir)
     self.start = _Start()
     self.replay_restored = False  # a resumed off-policy run continued its saved replay
+
+  @classmethod
+  def from_config(cls, config: TrainConfig, spec: envs.EnvSpec | None = None,
+                  run_dir: Path | None = None, **kwargs: Any) -> Trainer:
+    """`Trainer(build(config, spec, run_dir), **kwargs)`: validates `config` first."""
+    return cls(build(config, spec, run_dir), **kwargs)
 
   def request_stop(self, reason: str) -> None:
     """Asks the run to end cleanly (from a signal handler or another thread)."""
@@ -134,32 +108,16 @@ class Trainer:
 
   # -- start-up: state, compiled functions ----------------------------------------------------
 
-  def _init_from_seed(self, seed: Any) -> Any:
-    # The key is made inside the compiled init: an eager `jax.random.key` compiles on its own.
-    return self.algo.init(jax.random.key(seed))
-
   def _trace_init(self) -> Any:
-    """The initial state's program, traced once: its `out_info` is the abstract state (shapes,
-    dtypes, shardings), and the same trace is compiled for the real one (a second trace, by
-    eval_shape, cost 0.1-0.15 s of start-up here)."""
-    t0 = time.perf_counter()
-    # NOTE: computed straight onto the mesh: a mesh spanning several processes cannot be
-    # device_put to from one process's device.
-    init = jax.jit(self._init_from_seed, out_shardings=replicated(self.mesh))
-    traced = init.trace(np.int32(self.config.run.seed))
-    self.timings["trace_init_s"] = time.perf_counter() - t0
-    return traced
-
-  def abstract_state(self) -> Any:
-    """Shapes, dtypes and shardings of the train state, without computing it."""
-    return self._trace_init().out_info
+    return trace_init(self.parts, self.timings)
 
   def _init_state(self, traced: Any = None) -> Any:
     traced = traced if traced is not None else self._trace_init()
     t0 = time.perf_counter()
     # Init runs once, so its speed does not matter but its compile does: LLVM's optimisation
     # off cuts that compile by a quarter here (`python -m tools.compile_time`, BUILD_NOTES.md).
-    compiled = self.executables.compile("init", self.devices, traced.lower, _RUN_ONCE_OPTIONS)
+    compiled = self.parts.executables.compile("init", self.parts.hosts.learner_devices,
+                                              traced.lower, _RUN_ONCE_OPTIONS)
     state = compiled(np.int32(self.config.run.seed))
     jax.block_until_ready(state)
     self.timings["compile_init_s"] = time.perf_counter() - t0 + self.timings["trace_init_s"]
@@ -167,7 +125,7 @@ class Trainer:
 
   def _restore_state(self, abstract: Any) -> Any:
     t0 = time.perf_counter()
-    state, meta = self.checkpointer.restore(abstract)
+    state, meta = self.parts.checkpointer.restore(abstract)
     c = meta["counters"]
     self.start = _Start(int(meta["version"]), int(c["env_steps"]), int(c["episodes"]),
                         float(c["wall_s_total"]), int(meta["version"]))
@@ -177,14 +135,14 @@ class Trainer:
   def _abstract_replay(self) -> Any:
     from jaxrl_async.runtime.learners.replay_step import abstract_replay
 
-    return abstract_replay(self.config, self.spec, self.algo, self.mesh)
+    return abstract_replay(self.config, self.parts.spec, self.parts.algo, self.parts.mesh)
 
   def _restore_replay(self, abstract: Any, after: Any) -> Any:
     """The checkpoint's (replay, host counters), or None if it holds none (the learner then
     starts an empty one). Runs after the state's restore (`after`), never beside it."""
     after.result()
     t0 = time.perf_counter()
-    restored = self.checkpointer.restore_replay(abstract, self.start.resumed_from)
+    restored = self.parts.checkpointer.restore_replay(abstract, self.start.resumed_from)
     self.timings["restore_replay_s"] = time.perf_counter() - t0
     self.replay_restored = restored is not None
     return restored
@@ -194,9 +152,10 @@ class Trainer:
     """The compiled policy step (`compile_policy_step`) for `device`; `policy` is actor
     `actor_index`'s (`make_policy` is a function of the config and the index)."""
     t0 = time.perf_counter()
-    compiled = compile_policy_step(policy or self.algo.make_policy(actor_index), params, self.spec,
-                                   self.config.env.batch_size, device or self.actor_device,
-                                   self.executables, f"policy-{actor_index}")
+    p = self.parts
+    compiled = compile_policy_step(policy or p.algo.make_policy(actor_index), params, p.spec,
+                                   self.config.env.batch_size, device or p.actor_device,
+                                   p.executables, f"policy-{actor_index}")
     self.timings["compile_policy_s"] = time.perf_counter() - t0
     return compiled
 
@@ -204,13 +163,15 @@ class Trainer:
 
   def run(self) -> RunResult:
     cfg = self.config
-    resume = (cfg.checkpoint.resume and self.checkpointer is not None
-              and self.checkpointer.latest_version() is not None)
+    ck = self.parts.checkpointer
+    # Read once: it reads each checkpoint's meta, newest first, past any damaged ones.
+    newest = ck.newest_readable_version() if cfg.checkpoint.resume and ck is not None else None
+    resume = newest is not None
     if resume:
-      self.start.version = int(self.checkpointer.latest_version())
+      self.start.version = int(newest)
     startup = self._start_compiles(resume)
     version = self.start.version
-    store = self.cluster.param_store() if self.cluster else ParamStore()
+    store = self.parts.cluster.param_store() if self.parts.cluster else ParamStore()
     queue = RolloutQueue(cfg.rate.resolved_queue_capacity)
     controller = RateController(cfg.rate, version)
     # The actors' counters exist before the actors, so everything that counts env steps is
@@ -221,16 +182,16 @@ class Trainer:
     env_steps = lambda: self.start.env_steps + session_steps()
     stats = EpisodeStats(cfg.run.return_window, cfg.run.stop_at_return, env_steps)
     step = self._make_step(startup, version, session_steps, stats)
-    hook = (CheckpointHook(self.checkpointer, cfg, step, controller, env_steps, stats,
+    hook = (CheckpointHook(self.parts.checkpointer, cfg, step, controller, env_steps, stats,
                            lambda: self.start)
-            if self.checkpointer is not None else None)
+            if self.parts.checkpointer is not None else None)
     learner = LearnerLoop(
-        step, queue, controller, lambda s, v: store.publish(self.algo.actor_params(s), v),
+        step, queue, controller, lambda s, v: store.publish(self.parts.algo.actor_params(s), v),
         self.stop, wall_s, cfg.run.max_nonfinite_updates, startup.abstract, version,
         state_future=startup.state_future, after_update=hook)
     threads = [Supervised("learner", learner.run, self.stop)]
     threads[0].start()  # compiles the update, then waits for the initial state
-    store.publish(self.algo.actor_params(startup.state_future.result()), version)
+    store.publish(self.parts.algo.actor_params(startup.state_future.result()), version)
     gate = ActorGate(cfg.actor.num_actors) if cfg.rate.balance == "auto" else None
     actors = self._make_actors(startup, version, queue, store, controller, stats, gate,
                                actor_timers)
@@ -239,9 +200,10 @@ class Trainer:
     for t in threads[1:]:
       t.start()
     self.timings["train_start_wall_s"] = wall_s()
-    is_chief = self.cluster is None or jax.process_index() == 0
-    logger = make_logger(cfg.run.logger if is_chief else "none", self.run_dir, cfg.to_flat())
-    writer = MetricsWriter(self.run_dir, append=resume, quiet=self.quiet, logger=logger)
+    is_chief = self.parts.cluster is None or jax.process_index() == 0
+    logger = make_logger(cfg.run.logger if is_chief else "none", self.parts.run_dir,
+                         cfg.to_flat())
+    writer = MetricsWriter(self.parts.run_dir, append=resume, quiet=self.quiet, logger=logger)
     balancer = (Balancer(gate, learner, controller, cfg.rate.target_lag, cfg.rate.target_idle,
                          cfg.rate.balance_every_s, actors) if gate is not None else None)
     monitor = Monitor(cfg, actors, learner, controller, queue, stats, writer,
@@ -271,7 +233,7 @@ class Trainer:
     """Start-up is most of a short run here: the initial state, the policies and (in the learner
     thread) the update compile at the same time, each from abstract shapes (XLA compiles
     outside the GIL)."""
-    cfg = self.config
+    cfg, p = self.config, self.parts
     traced_init = self._trace_init()
     abstract = traced_init.out_info
     pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="startup")
@@ -279,15 +241,16 @@ class Trainer:
                                abstract if resume else traced_init)
     # One compile per distinct (policy, device): IMPALA and PPO share one policy; DQN's
     # differ per actor (their exploration epsilons).
-    policies = [self.algo.make_policy(i) for i in range(cfg.actor.num_actors)]  # kept alive
-    keys = [(id(policies[i]), i % len(self.actor_devices)) for i in range(cfg.actor.num_actors)]
+    actor_devices = p.hosts.actor_devices
+    policies = [p.algo.make_policy(i) for i in range(cfg.actor.num_actors)]  # kept alive
+    keys = [(id(policies[i]), i % len(actor_devices)) for i in range(cfg.actor.num_actors)]
     policy_futures: dict[tuple, Any] = {}
     for i, key in enumerate(keys):
       if key not in policy_futures:
-        policy_futures[key] = pool.submit(self._policy_step, self.algo.actor_params(abstract),
-                                          self.actor_devices[key[1]], policies[i], i)
+        policy_futures[key] = pool.submit(self._policy_step, p.algo.actor_params(abstract),
+                                          actor_devices[key[1]], policies[i], i)
     replay_future = None
-    if resume and self.algo.off_policy and self.config.checkpoint.checkpoint_replay:
+    if resume and p.algo.off_policy and cfg.checkpoint.checkpoint_replay:
       replay_future = pool.submit(self._restore_replay, self._abstract_replay(), state_future)
     pool.shutdown(wait=False)
     return _Startup(abstract, state_future, policies, keys, policy_futures, replay_future)
@@ -295,36 +258,36 @@ class Trainer:
   def _make_step(self, startup: _Startup, version: int, session_steps: Any,
                  stats: EpisodeStats) -> Any:
     """The learner's step (learners/loop.py): replay, global (several processes) or on-policy."""
-    cfg = self.config
-    if self.algo.off_policy:
-      rollout = batch_shapes(cfg, self.spec, self.algo, self.mesh)[0]
-      return ReplayStep(self.algo, self.mesh, rollout, self._abstract_replay(), cfg.env.num_envs,
+    cfg, p = self.config, self.parts
+    if p.algo.off_policy:
+      rollout = batch_shapes(cfg, p.spec, p.algo, p.mesh)[0]
+      return ReplayStep(p.algo, p.mesh, rollout, self._abstract_replay(), cfg.env.num_envs,
                         cfg.run.total_env_steps, startup.replay_future)
-    hosts = self.cluster.num_processes if self.cluster else 1
+    hosts = p.cluster.num_processes if p.cluster else 1
     per_update = cfg.env_steps_per_update * hosts  # --total_env_steps counts every host's
     target = -(-cfg.run.total_env_steps // per_update)
-    consumed = cfg.env_steps_per_update * max(self.algo.epochs_per_update, 1)
-    if self.cluster is None:
-      compile_fn = functools.partial(compile_update, cfg, self.spec, self.algo, self.mesh,
-                                     executables=self.executables)
+    consumed = cfg.env_steps_per_update * max(p.algo.epochs_per_update, 1)
+    if p.cluster is None:
+      compile_fn = functools.partial(compile_update, cfg, p.spec, p.algo, p.mesh,
+                                     executables=p.executables)
       return OnPolicyStep(compile_fn, cfg.rate.rollouts_per_update, target, consumed)
     # This host's counts this session (stats count this session's episodes only).
     counts = lambda: {"env_steps": session_steps(), "episodes": stats.episodes}
-    compile_fn = functools.partial(compile_global_update, cfg, self.spec, self.algo, self.mesh,
+    compile_fn = functools.partial(compile_global_update, cfg, p.spec, p.algo, p.mesh,
                                    num_processes=hosts)
-    self.cluster.step = GlobalStep(compile_fn, cfg.rate.rollouts_per_update, target, consumed,
-                                   self.mesh, self.cluster, counts, wall_s)
-    return self.cluster.step
+    p.cluster.step = GlobalStep(compile_fn, cfg.rate.rollouts_per_update, target, consumed,
+                                p.mesh, p.cluster, counts, wall_s)
+    return p.cluster.step
 
   def _make_actors(self, startup: _Startup, version: int, queue: RolloutQueue, store: Any,
                    controller: RateController, stats: EpisodeStats, gate: Any,
                    timers: list[ActorTimers]) -> list[Actor]:
+    p = self.parts
     steps = {key: f.result() for key, f in startup.policy_futures.items()}
-    return [Actor(i, self.config, self.spec, self.algo, steps[key], self.actor_devices[key[1]],
-                  self.put_mesh, queue, store, controller, stats, self.stop,
+    return [Actor(i, self.config, p.spec, p.algo, steps[key], p.hosts.actor_devices[key[1]],
+                  p.hosts.local_mesh, queue, store, controller, stats, self.stop,
                   pool_factory=self.pool_factory, start_version=version, gate=gate,
-                  global_index=self.layout.global_actor_index(i) if self.layout else None,
-                  timers=timers[i])
+                  global_index=p.hosts.global_actor_index(i), timers=timers[i])
             for i, key in enumerate(startup.policy_keys)]
 
   def _supervise(self, threads, learner, stats, monitor) -> str:
@@ -340,7 +303,7 @@ class Trainer:
       if self._stop_reason and self._agreed(self._stop_reason):
         return self._stop_reason
       if learner.finished.is_set():
-        return self.cluster.stop_reason() if self.cluster else "budget"
+        return self.parts.cluster.stop_reason() if self.parts.cluster else "budget"
       if self.stop.is_set() or not all(t.is_alive() for t in threads):
         return "error" if any(t.error for t in threads) else "stopped"
       if (cfg.max_wall_s and time.time() - t_start >= cfg.max_wall_s
@@ -357,8 +320,8 @@ class Trainer:
     """Whether to stop now. One process: yes. Several must stop at the same version (each
     launches every global step): the wish rides in the learner's step to every process, and the
     run ends when the learner finishes there (runtime/cluster/lockstep.py)."""
-    if self.cluster is None:
+    if self.parts.cluster is None:
       return True
-    self.cluster.request_stop(reason)
+    self.parts.cluster.request_stop(reason)
     time.sleep(0.02)  # `solved.wait` returns at once once solved
     return False

@@ -170,19 +170,18 @@ def bench_config(flat: dict[str, Any], **overrides: Any) -> Any:
 
 
 class _Parts:
-  """What the actor and learner measurements build, from public pieces of the runtime only."""
+  """What the actor and learner measurements use: the run's parts as the trainer gets them
+  (runtime/build.py), and an initial state on the learner mesh."""
 
   def __init__(self, config: Any, spec: Any):
     import jax
 
-    from jaxrl_async.algos import make_algorithm
-    from jaxrl_async.runtime.sharding import LEARNER_AXIS, learner_mesh, replicate
-    from jaxrl_async.runtime.trainer import check_devices
+    from jaxrl_async.runtime.build import build
+    from jaxrl_async.runtime.sharding import replicate
 
-    self.config, self.spec = config, spec
-    devices = check_devices(config)
-    self.device, self.mesh = devices[0], learner_mesh(devices)
-    self.algo = make_algorithm(config, spec, LEARNER_AXIS)
+    built = build(config, spec)
+    self.config, self.spec, self.algo = config, spec, built.algo
+    self.device, self.mesh = built.actor_device, built.mesh
     self.state = replicate(jax.jit(self.algo.init)(jax.random.key(config.run.seed)), self.mesh)
 
   def policy_step(self) -> Any:
@@ -451,7 +450,7 @@ def measure_pipeline(config: Any, spec: Any, window: Window, run_dir: Path) -> d
   from jaxrl_async.metrics import wall_s
   from jaxrl_async.runtime.trainer import Trainer
 
-  trainer = Trainer(config, spec, run_dir, quiet=True)
+  trainer = Trainer.from_config(config, spec, run_dir, quiet=True)
   box: dict[str, Any] = {}
 
   def target() -> None:
