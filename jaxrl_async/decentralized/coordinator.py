@@ -30,6 +30,7 @@ from jaxrl_async.decentralized import transport
 from jaxrl_async.decentralized.adaptive import back_off_scales
 from jaxrl_async.decentralized.graphs import Graph
 from jaxrl_async.decentralized.problem import Problem, relative_errors
+from jaxrl_async.decentralized.results import DivergenceError, RunResult, consensus
 from jaxrl_async.decentralized.transport import ProcessRuntimeError
 
 SETUP_TIMEOUT_S = 120.0  # a node imports JAX and compiles before it reports its port
@@ -107,8 +108,7 @@ class _Watch:
   def record(self, theta: np.ndarray, k: int, elapsed: float) -> dict:
     errs = relative_errors(theta, self.theta_star)
     worst = float(errs.max())
-    cons = float(np.max(np.linalg.norm(theta - theta.mean(0), axis=1))
-                 / np.linalg.norm(self.theta_star))
+    cons = consensus(theta, self.theta_star)
     self.curve.append((k, elapsed, worst))
     self.snaps.append((k, elapsed, errs, cons))
     for t in (1e-4, 1e-6, 1e-8, 1e-10, self.tol):
@@ -316,7 +316,6 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
     simulator.DivergenceError: the error grew past `divergence` or became non-finite.
   """
   from jaxrl_async.decentralized import node as node_lib
-  from jaxrl_async.decentralized.simulator import DivergenceError
 
   consts = node_lib.network_consts(problem, graph, alpha, beta, sampling, seed,
                                    pull_lag=pull_lag)
@@ -375,19 +374,12 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
 
 def _result(watch: _Watch, finals: dict, wall: float, stopped: str, dropped: int,
             hosts: tuple[str, ...]):
-  from jaxrl_async.decentralized.simulator import RunResult
-
   n = len(finals)
   theta = np.stack([finals[i]["theta"] for i in range(n)])
   k_final = int(sum(int(finals[i]["clock"]) for i in range(n)))
   watch.record(theta, k_final, wall)
-  curve, snaps = watch.curve, watch.snaps
-  return RunResult(
-      k=np.array([c[0] for c in curve]), time=np.array([c[1] for c in curve]),
-      worst=np.array([c[2] for c in curve]),
-      node_k=np.array([s[0] for s in snaps]), node_time=np.array([s[1] for s in snaps]),
-      node_err=np.stack([s[2] for s in snaps]), consensus=np.array([s[3] for s in snaps]),
-      theta=theta, theta_star=watch.theta_star, crossings=watch.crossings, updates=k_final,
-      elapsed=wall, wall_s=wall, stopped=stopped,
+  return RunResult.from_records(
+      watch.curve, watch.snaps, theta=theta, theta_star=watch.theta_star,
+      crossings=watch.crossings, updates=k_final, elapsed=wall, wall_s=wall, stopped=stopped,
       extra={"dropped_sends": dropped, "clocks": [int(finals[i]["clock"]) for i in range(n)],
              "hosts": list(hosts)})

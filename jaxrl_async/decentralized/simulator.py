@@ -13,7 +13,6 @@ Deterministic: same problem, graph, timing and seed give bit-identical runs.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import time
@@ -28,6 +27,9 @@ from jaxrl_async.decentralized import adaptive
 from jaxrl_async.decentralized import node as node_lib
 from jaxrl_async.decentralized.graphs import Graph
 from jaxrl_async.decentralized.problem import Problem, relative_errors
+
+# Re-exported: callers import the run's result types from here.
+from jaxrl_async.decentralized.results import DivergenceError, Recorder, RunResult, fit_rate
 from jaxrl_async.decentralized.schedule import (
   AsyncSchedule,
   CentralSchedule,
@@ -36,11 +38,10 @@ from jaxrl_async.decentralized.schedule import (
   Timing,
 )
 
+__all__ = ["MODES", "POOLED_STATE", "Carry", "DivergenceError", "Ring", "RunResult",
+           "Simulation", "build", "fit_rate", "run"]
+
 MODES = ("async", "sync", "centralized")
-
-
-class DivergenceError(RuntimeError):
-  """The iterates blew up: the step sizes are too large for this problem and network."""
 
 
 class Ring(NamedTuple):
@@ -55,68 +56,6 @@ class Carry(NamedTuple):
   states: node_lib.NodeState  # stacked [N, ...]
   ring: Ring
   last_err: jax.Array  # [N] each node's relative error after its latest activation
-
-
-@dataclasses.dataclass
-class RunResult:
-  """What a run leaves behind.
-
-  Attributes:
-    k, time, worst: [R] the error curve: events so far, virtual time (or wall seconds for the
-      process runtime), worst node's relative error; every `record_every` events and per chunk.
-    node_k, node_time: [S] the snapshots (once per chunk and at the end); node_err: [S, N]
-      every node's relative error there; consensus: [S] max_i ||theta_i - mean|| / ||theta*||.
-    theta: [N, d] final iterates. theta_star: [d].
-    crossings: {tol: (k, time)} the event at which the worst error first fell below tol.
-    updates, elapsed: totals at the end (events, virtual time). wall_s: host seconds spent.
-    stopped: why the run ended ('tol', 'max_updates', 'max_time', 'wall').
-  """
-
-  k: np.ndarray
-  time: np.ndarray
-  worst: np.ndarray
-  node_k: np.ndarray
-  node_time: np.ndarray
-  node_err: np.ndarray
-  consensus: np.ndarray
-  theta: np.ndarray
-  theta_star: np.ndarray
-  crossings: dict[float, tuple[int, float]]
-  updates: int
-  elapsed: float
-  wall_s: float
-  stopped: str
-  extra: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-  @property
-  def final_rel_error(self) -> float:
-    return float(self.node_err[-1].max())
-
-  @property
-  def consensus_error(self) -> float:
-    return float(self.consensus[-1])
-
-  def time_to(self, tol: float) -> float | None:
-    hit = self.crossings.get(tol)
-    return None if hit is None else hit[1]
-
-  def updates_to(self, tol: float) -> int | None:
-    hit = self.crossings.get(tol)
-    return None if hit is None else hit[0]
-
-
-def fit_rate(k: np.ndarray, err: np.ndarray, hi: float = 1e-2, lo: float = 1e-12) -> float:
-  """c in err ~ C c^k, least squares on log(err) over the records with lo < err < hi.
-
-  Restricting to that band drops the transient before the linear regime and the float64
-  rounding floor after it. NaN when fewer than 3 records fall in the band.
-  """
-  k, err = np.asarray(k, np.float64), np.asarray(err, np.float64)
-  band = (err < hi) & (err > lo) & np.isfinite(err)
-  if band.sum() < 3:
-    return math.nan
-  slope = np.polyfit(k[band], np.log(err[band]), 1)[0]
-  return float(np.exp(slope))
 
 
 def _take(tree: Any, i: jax.Array, skip: tuple[str, ...]) -> Any:
@@ -340,79 +279,74 @@ def run(sim: Simulation, tol: float = 1e-10, max_updates: int = 10_000_000,
     DivergenceError: non-finite iterates or error growth past `divergence` with no back-off
       left, naming the step-size flags.
   """
-  t0 = time.perf_counter()
-  curve: list[tuple[int, float, float]] = []
-  snaps: list[tuple[int, float, np.ndarray, float]] = []
-  crossings: dict[float, tuple[int, float]] = {}
+  recorder = Recorder(sim.theta_star, on_record)
   start_err = float(np.max(relative_errors(sim.theta(), sim.theta_star)))
   wanted = sorted(set(milestones) | {tol}, reverse=True)
-  stopped = "max_updates"
-  best = (start_err, sim.carry)
-  left = backoffs
+  lowest = _Lowest(start_err, sim.carry, backoffs, backoff_growth)
   logged = 0
-
-  def snapshot() -> None:
-    theta = sim.theta()
-    errs = relative_errors(theta, sim.theta_star)
-    cons = float(np.max(np.linalg.norm(theta - theta.mean(0), axis=1))
-                 / np.linalg.norm(sim.theta_star))
-    snaps.append((sim.k, sim.clock, errs, cons))
-    curve.append((sim.k, sim.clock, float(errs.max())))
-    if on_record is not None:
-      on_record({"k": sim.k, "time": sim.clock, "worst_rel_error": float(errs.max()),
-                 "consensus_error": cons, "wall_s": time.perf_counter() - t0})
-
-  snapshot()
+  recorder.snapshot(sim.k, sim.clock, sim.theta())
   while True:
     chunk, worst = sim.run_chunk()
-    clock_at = np.maximum.accumulate(np.maximum(chunk.done, snaps[-1][1]))
-    for t in wanted:
-      hit = np.flatnonzero(worst < t)
-      if t not in crossings and hit.size:
-        crossings[t] = (int(chunk.k[hit[0]]) + 1, float(clock_at[hit[0]]))
-    if record_every:
-      pos = np.flatnonzero((chunk.k + 1) % record_every == 0)
-      curve += [(int(chunk.k[p]) + 1, float(clock_at[p]), float(worst[p])) for p in pos]
-    end_err = float(worst[-1])
-    if left and not (math.isfinite(end_err) and end_err <= backoff_growth * best[0]):
-      left -= 1
-      sim.back_off(best[1])
-      sim.events[-1].update(worst_rel_error=end_err, returned_to=best[0])
-    elif math.isfinite(end_err) and end_err < best[0]:
-      best = (end_err, sim.carry)
-    snapshot()
+    recorder.add_chunk(chunk, worst, wanted, record_every)
+    lowest.after_chunk(sim, float(worst[-1]))
+    recorder.snapshot(sim.k, sim.clock, sim.theta())
     if on_record is not None:
       for ev in sim.events[logged:]:
         on_record(ev)
     logged = len(sim.events)
-    if not np.all(np.isfinite(worst)) or worst.max() > divergence * max(start_err, 1e-300):
-      if not (sim.events and sim.events[-1]["event"] == "step_backoff"
-              and sim.events[-1]["k"] == sim.k):
-        raise DivergenceError(
-            f"diverged after {sim.k} updates (worst relative error {worst.max():.3g}, started "
-            f"at {start_err:.3g}): the step sizes are too large for this problem and network; "
-            "lower --alpha and/or --beta" + (f" (after {backoffs} back-offs)" if backoffs
-                                             else ""))
-    if tol in crossings:
-      stopped = "tol"
+    _check_divergence(sim, worst, start_err, divergence, backoffs)
+    stopped = _stop_reason(sim, tol in recorder.crossings, max_updates, max_time,
+                           time.perf_counter() - recorder.t0 >= max_wall_s)
+    if stopped is not None:
       break
-    if sim.k >= max_updates:
-      break
-    if sim.clock >= max_time:
-      stopped = "max_time"
-      break
-    if time.perf_counter() - t0 >= max_wall_s:
-      stopped = "wall"
-      break
-
-  curve.sort()
-  return RunResult(
-      k=np.array([c[0] for c in curve]), time=np.array([c[1] for c in curve]),
-      worst=np.array([c[2] for c in curve]),
-      node_k=np.array([s[0] for s in snaps]), node_time=np.array([s[1] for s in snaps]),
-      node_err=np.stack([s[2] for s in snaps]), consensus=np.array([s[3] for s in snaps]),
-      theta=sim.theta(), theta_star=sim.theta_star, crossings=crossings, updates=sim.k,
-      elapsed=sim.clock, wall_s=time.perf_counter() - t0, stopped=stopped,
+  return recorder.result(
+      sim.theta(), sim.k, sim.clock, stopped,
       extra={"events": list(sim.events),
              "step_backoffs": sum(e["event"] == "step_backoff" for e in sim.events),
              "replans": sum(e["event"] == "replan" for e in sim.events)})
+
+
+class _Lowest:
+  """The lowest worst error at a chunk end so far and the carry there: where a back-off returns.
+
+  A chunk that ends non-finite or above `growth` times that error sends the run back to it with
+  smaller steps (`Simulation.back_off`), while `left` back-offs remain.
+  """
+
+  def __init__(self, err: float, carry: Carry, left: int, growth: float):
+    self.err, self.carry, self.left, self.growth = err, carry, left, growth
+
+  def after_chunk(self, sim: Simulation, end_err: float) -> None:
+    if self.left and not (math.isfinite(end_err) and end_err <= self.growth * self.err):
+      self.left -= 1
+      sim.back_off(self.carry)
+      sim.events[-1].update(worst_rel_error=end_err, returned_to=self.err)
+    elif math.isfinite(end_err) and end_err < self.err:
+      self.err, self.carry = end_err, sim.carry
+
+
+def _check_divergence(sim: Simulation, worst: np.ndarray, start_err: float, divergence: float,
+                      backoffs: int) -> None:
+  """Raises DivergenceError if this chunk blew up and was not answered by a back-off."""
+  if not np.all(np.isfinite(worst)) or worst.max() > divergence * max(start_err, 1e-300):
+    if not (sim.events and sim.events[-1]["event"] == "step_backoff"
+            and sim.events[-1]["k"] == sim.k):
+      raise DivergenceError(
+          f"diverged after {sim.k} updates (worst relative error {worst.max():.3g}, started "
+          f"at {start_err:.3g}): the step sizes are too large for this problem and network; "
+          "lower --alpha and/or --beta" + (f" (after {backoffs} back-offs)" if backoffs
+                                           else ""))
+
+
+def _stop_reason(sim: Simulation, reached_tol: bool, max_updates: int, max_time: float,
+                 out_of_wall: bool) -> str | None:
+  """Why the run stops after this chunk, None to go on; checked in this order."""
+  if reached_tol:
+    return "tol"
+  if sim.k >= max_updates:
+    return "max_updates"
+  if sim.clock >= max_time:
+    return "max_time"
+  if out_of_wall:
+    return "wall"
+  return None
