@@ -159,12 +159,13 @@ class Checkpointer:
       self._manager = ocp.CheckpointManager(self.directory, options=options)
     return self._manager
 
-  def due(self, version: int) -> bool:
+  def due(self, version: int, agreed: bool = False) -> bool:
+    """Whether to save `version`: by update count, by time, or `agreed` by every process."""
     if version == self._last_save_version:
       return False
     by_updates = self.every_updates and version % self.every_updates == 0
     by_time = self.every_s and time.time() - self._last_save_t >= self.every_s
-    return bool(by_updates or by_time)
+    return bool(by_updates or by_time or agreed)
 
   def save(self, version: int, state: Any, meta: dict[str, Any], replay: Any = None) -> None:
     """Starts an asynchronous save; returns once the arrays are copied off the devices.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import json
 import math
 import os
@@ -14,6 +15,23 @@ from typing import Any
 # The actor's per-step path (runtime/pipeline/actor.py, ActorTimers), in the order a step takes it;
 # metrics.jsonl carries each as cumulative seconds summed over the actor threads.
 STEP_SPLIT = ("env_recv_s", "h2d_s", "inference_s", "d2h_s", "env_send_s", "write_s")
+
+
+class Counters:
+  """Counters one thread writes and other threads read (a dataclass's fields).
+
+  The writer holds `lock` while it updates fields that are read together (a rollout's count
+  with the time it took to queue it); a reader of more than one field takes `snapshot()`, a
+  copy made under the lock, so the fields it combines come from one moment. A single field
+  needs neither: the writer is the only one to change it, and one attribute load is atomic.
+  """
+
+  def __post_init__(self):
+    self.lock = threading.Lock()  # not a field: asdict() and equality leave it out
+
+  def snapshot(self):
+    with self.lock:
+      return copy.copy(self)
 
 
 def process_start_time() -> float:

@@ -6,13 +6,15 @@ import types
 
 import pytest
 
+from jaxrl_async.runtime.learners.loop import LearnerTimers
+from jaxrl_async.runtime.pipeline.actor import ActorTimers
 from jaxrl_async.runtime.pipeline.balance import ActorGate, Balancer
 from jaxrl_async.runtime.trainer import Trainer
 from tests.conftest import small_config
 
 
 def fake(idle_s=0.0, lags=None):
-  learner = types.SimpleNamespace(timers=types.SimpleNamespace(idle_s=idle_s))
+  learner = types.SimpleNamespace(timers=LearnerTimers(idle_s=idle_s))
   controller = types.SimpleNamespace(lag_hist=collections.Counter(lags or {}))
   return learner, controller
 
@@ -60,8 +62,7 @@ def test_a_pause_that_starves_the_learner_sets_a_floor():
 
 
 def fake_actors(n):
-  timers = lambda: types.SimpleNamespace(rollouts=0, permit_s=0.0, put_s=0.0, paused_s=0.0)
-  return [types.SimpleNamespace(timers=timers()) for _ in range(n)]
+  return [types.SimpleNamespace(timers=ActorTimers()) for _ in range(n)]
 
 
 def test_a_pause_is_made_only_if_the_other_actors_can_feed_the_learner():

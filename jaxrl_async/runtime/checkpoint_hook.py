@@ -28,7 +28,7 @@ class CheckpointHook:
     self.controller, self.env_steps, self.stats, self.start = controller, env_steps, stats, start
 
   def __call__(self, version: int, state: Any) -> None:
-    if self.checkpointer.due(version):
+    if self.checkpointer.due(version, self.step.save_agreed(version)):
       self._save(version, state, self._meta(version))
 
   def _meta(self, version: int) -> dict[str, Any]:

@@ -28,15 +28,18 @@ class Monitor:
 
   def record(self) -> dict[str, Any]:
     now = time.time()
-    env_steps = self.env_steps()
-    delivered = sum(a.timers.rollouts for a in self.actors) * self.cfg.env_steps_per_rollout
-    consumed = self.learner.timers.consumed_env_steps
+    # One snapshot per thread's counters: the sums below combine fields of one moment.
+    actors = [a.timers.snapshot() for a in self.actors]
+    learner = self.learner.timers.snapshot()
+    env_steps = self.base_env_steps + sum(a.env_steps for a in actors)
+    delivered = sum(a.rollouts for a in actors) * self.cfg.env_steps_per_rollout
+    consumed = learner.consumed_env_steps
     production = self.production.update(delivered, now)
     consumption = self.consumption.update(consumed, now)
     sps = self.sps.update(env_steps, now)
     dt = max(now - self._last["t"], 1e-9)
-    blocked = sum(a.timers.permit_s + a.timers.put_s for a in self.actors)
-    idle = self.learner.timers.idle_s
+    blocked = sum(a.permit_s + a.put_s for a in actors)
+    idle = learner.idle_s
     lag_window = self.controller.take_lag_window()
     n_lag = sum(lag_window.values())
     record = {
@@ -60,13 +63,13 @@ class Monitor:
         "learner_idle_frac": min(1.0, (idle - self._last["idle"]) / dt),
         "nonfinite_skipped": self.learner.nonfinite_skipped,
         # The actors' per-step path, cumulative seconds over all actor threads.
-        **{name: sum(getattr(a.timers, name) for a in self.actors) for name in STEP_SPLIT},
-        "param_fetch_s": sum(a.timers.param_fetch_s for a in self.actors),
-        "permit_s": sum(a.timers.permit_s for a in self.actors),
-        "idle_env_steps": sum(a.timers.idle_env_steps for a in self.actors),
-        "parked_env_waits": sum(a.timers.parked_env_waits for a in self.actors),
+        **{name: sum(getattr(a, name) for a in actors) for name in STEP_SPLIT},
+        "param_fetch_s": sum(a.param_fetch_s for a in actors),
+        "permit_s": sum(a.permit_s for a in actors),
+        "idle_env_steps": sum(a.idle_env_steps for a in actors),
+        "parked_env_waits": sum(a.parked_env_waits for a in actors),
         # Placing rollouts on the learner devices and queueing them (a put never waits).
-        "queue_put_s": sum(a.timers.put_s for a in self.actors),
+        "queue_put_s": sum(a.put_s for a in actors),
         "queue_get_s": self.queue.get_wait_s,
     }
     if self.learner.last_metrics is not None:

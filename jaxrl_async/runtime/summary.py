@@ -14,7 +14,8 @@ def write_summary(trainer: Any, reason: str, actors: list[Any], learner: Any, co
   the trainer's run dir and returned."""
   now = wall_s()
   parts = trainer.parts
-  t = learner.timers
+  t = learner.timers.snapshot()
+  lost = [a.timers.snapshot() for a in actors]
   timings = dict(trainer.timings)
   timings["compile_update_s"] = t.compile_s
   timings["first_update_wall_s"] = t.first_update_wall_s
@@ -38,9 +39,9 @@ def write_summary(trainer: Any, reason: str, actors: list[Any], learner: Any, co
       "lag_hist": {str(k): v for k, v in sorted(controller.lag_hist.items())},
       "nonfinite_skipped": learner.nonfinite_skipped,
       "actor_restarts": sum(th.restarts for th in threads),
-      "lost_rollouts": sum(a.timers.lost_rollouts for a in actors),
-      "lost_env_steps": sum(a.timers.lost_env_steps for a in actors),
-      "idle_env_steps": sum(a.timers.idle_env_steps for a in actors),
+      "lost_rollouts": sum(a.lost_rollouts for a in lost),
+      "lost_env_steps": sum(a.lost_env_steps for a in lost),
+      "idle_env_steps": sum(a.idle_env_steps for a in lost),
       "checkpoints_saved": parts.checkpointer.saves if parts.checkpointer else 0,
       # Damaged checkpoints a resume passed over (version -> why), set aside beside the good.
       "checkpoints_skipped": ({str(v): why for v, why in parts.checkpointer.skipped.items()}
@@ -52,7 +53,7 @@ def write_summary(trainer: Any, reason: str, actors: list[Any], learner: Any, co
       "config": parts.config.to_flat(),
   }
   if parts.cluster is not None:
-    summary["distributed"] = parts.cluster.summary()
+    summary["distributed"] = parts.cluster.summary(learner.step)
   parts.run_dir.mkdir(parents=True, exist_ok=True)
   (parts.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
   return summary

@@ -275,9 +275,8 @@ class Trainer:
     counts = lambda: {"env_steps": session_steps(), "episodes": stats.episodes}
     compile_fn = functools.partial(compile_global_update, cfg, p.spec, p.algo, p.mesh,
                                    num_processes=hosts)
-    p.cluster.step = GlobalStep(compile_fn, cfg.rate.rollouts_per_update, target, consumed,
-                                p.mesh, p.cluster, counts, wall_s)
-    return p.cluster.step
+    return GlobalStep(compile_fn, cfg.rate.rollouts_per_update, target, consumed, p.mesh,
+                      p.cluster, counts, wall_s)
 
   def _make_actors(self, startup: _Startup, version: int, queue: RolloutQueue, store: Any,
                    controller: RateController, stats: EpisodeStats, gate: Any,
@@ -303,7 +302,7 @@ class Trainer:
       if self._stop_reason and self._agreed(self._stop_reason):
         return self._stop_reason
       if learner.finished.is_set():
-        return self.parts.cluster.stop_reason() if self.parts.cluster else "budget"
+        return self.parts.cluster.stop_reason(learner.step) if self.parts.cluster else "budget"
       if self.stop.is_set() or not all(t.is_alive() for t in threads):
         return "error" if any(t.error for t in threads) else "stopped"
       if (cfg.max_wall_s and time.time() - t_start >= cfg.max_wall_s

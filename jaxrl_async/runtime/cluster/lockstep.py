@@ -62,12 +62,11 @@ class AgreedCheckpointer(Checkpointer):
   def wants_save(self) -> bool:
     return bool(self.every_s and time.time() - self._last_save_t >= self.every_s)
 
-  def due(self, version: int) -> bool:
+  def due(self, version: int, agreed: bool = False) -> bool:
+    """Never by this host's timer alone: its wish rides in the step, and comes back `agreed`."""
     if version == self._last_save_version:
       return False
-    by_updates = bool(self.every_updates and version % self.every_updates == 0)
-    step = self.cluster.step
-    return by_updates or (step is not None and step.save_agreed(version))
+    return bool(self.every_updates and version % self.every_updates == 0) or agreed
 
   def save(self, version: int, state: Any, meta: dict[str, Any]) -> None:
     if meta.get("failed"):
@@ -92,7 +91,6 @@ class Cluster:
   def __init__(self, config: TrainConfig, layout: HostLayout):
     self.config, self.layout = config, layout
     self.process_index, self.num_processes = layout.process_index, layout.num_processes
-    self.step: Any = None  # learners/global_step.py's GlobalStep, once built
     self.checkpointer: AgreedCheckpointer | None = None
     self.local_stop: str | None = None  # why this host wants to stop (solved, a signal...)
     self.global_counts = {"env_steps": 0, "episodes": 0}
@@ -119,19 +117,19 @@ class Cluster:
       self.local_stop = reason
       logging.info("process %d asks to stop: %s", self.process_index, reason)
 
-  def stop_reason(self) -> str:
-    step = self.step
-    return step.agreed_stop["reason"] if step and step.agreed_stop else "budget"
+  @staticmethod
+  def stop_reason(step: Any) -> str:
+    """Why the run ended, as the global step (learners/global_step.py) agreed it."""
+    return step.agreed_stop["reason"] if step.agreed_stop else "budget"
 
-  def summary(self) -> dict[str, Any]:
-    step = self.step
-    if step is not None:
-      step.drain()
+  def summary(self, step: Any) -> dict[str, Any]:
+    """This host's part of summary.json; `step` is the run's global step, done by now."""
+    step.drain()
     return {
         "process_index": self.process_index,
         "num_processes": self.num_processes,
         "global_env_steps": self.global_counts["env_steps"],
         "global_episodes": self.global_counts["episodes"],
-        "agreed_stop": step.agreed_stop if step else None,
+        "agreed_stop": step.agreed_stop,
         "learner_devices_global": self.layout.learner_mesh.size,
     }

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from jaxrl_async.algos.base import Rollout
+from jaxrl_async.metrics import Counters
 from jaxrl_async.runtime.pipeline.queue import QueueClosed, RolloutQueue
 from jaxrl_async.runtime.pipeline.rate import RateController
 
@@ -29,7 +30,10 @@ _CLOSED = object()
 
 
 @dataclasses.dataclass
-class LearnerTimers:
+class LearnerTimers(Counters):
+  """The learner thread writes them; the monitor, the balancer and the summary read
+  `snapshot()`s."""
+
   idle_s: float = 0.0  # waiting for rollouts with nothing to compute
   dispatch_s: float = 0.0  # calling the compiled step and publishing
   compile_s: float = 0.0
@@ -77,6 +81,10 @@ class LearnerStep(Protocol):
   def snapshot(self) -> tuple[Any, dict[str, Any]] | None:
     """(arrays, host counters) a checkpoint saves beside the state, or None. Called in the
     learner thread (the checkpoint hook) or after it ended, so the two agree."""
+
+  def save_agreed(self, version: int) -> bool:
+    """Whether every process agreed to checkpoint at `version` (several processes; one
+    process's own timer and update count decide alone, so there it is always False)."""
 
   def close(self, controller: RateController) -> None:
     """Releases what the step still holds (tickets of rollouts it never used)."""
@@ -172,11 +180,12 @@ class LearnerLoop:
     self.controller.published(self.version, list(out.tickets))
     if not out.versions:
       return
-    self.timers.dispatch_s += time.perf_counter() - t0
-    self.timers.updates += out.versions
-    self.timers.consumed_env_steps += out.consumed_env_steps
-    if self.timers.first_update_wall_s is None:
-      self.timers.first_update_wall_s = self.wall_s()
+    with self.timers.lock:
+      self.timers.dispatch_s += time.perf_counter() - t0
+      self.timers.updates += out.versions
+      self.timers.consumed_env_steps += out.consumed_env_steps
+      if self.timers.first_update_wall_s is None:
+        self.timers.first_update_wall_s = self.wall_s()
     self._count_nonfinite(out.metrics["nonfinite"])
     if self.after_update is not None:
       self.after_update(self.version, self.state)

@@ -120,6 +120,9 @@ class OnPolicyStep:
     state, metrics = self.fn(state, batch)
     return Advance(state, metrics, 1, tickets, self.consumed_per_update)
 
+  def save_agreed(self, version: int) -> bool:
+    return False
+
   def done(self, version: int) -> bool:
     return version >= self.target_version
 

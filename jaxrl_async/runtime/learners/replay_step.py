@@ -187,6 +187,9 @@ class ReplayStep:
     self.limiter.record_sample(self.per_dispatch)
     return Advance(state, metrics, self.steps_per_dispatch, (), self.per_dispatch)
 
+  def save_agreed(self, version: int) -> bool:
+    return False
+
   def done(self, version: int) -> bool:
     return self.env_steps_inserted >= self.total_env_steps
 

@@ -34,7 +34,7 @@ import numpy as np
 from jaxrl_async import envs
 from jaxrl_async.algos.base import Algorithm
 from jaxrl_async.config import TrainConfig
-from jaxrl_async.metrics import EpisodeStats
+from jaxrl_async.metrics import Counters, EpisodeStats
 from jaxrl_async.runtime.pipeline.params import ParamStore
 from jaxrl_async.runtime.pipeline.policy_step import PolicyOutputs, actor_key_data, key_data_shape
 from jaxrl_async.runtime.pipeline.queue import QueueClosed, RolloutInfo, RolloutQueue
@@ -63,8 +63,9 @@ def env_seed(seed: int, actor_index: int, num_envs: int, salt: int = 0) -> int:
 
 
 @dataclasses.dataclass
-class ActorTimers:
-  """Seconds spent in each wait of the actor loop; exported so imbalance is visible."""
+class ActorTimers(Counters):
+  """Seconds spent in each wait of the actor loop; exported so imbalance is visible. The actor
+  thread writes them; the monitor, the balancer and the summary read `snapshot()`s."""
 
   # The per-step path: recv, host -> device, policy, device -> host, send, and the Python
   # bookkeeping between them (writes into the rollout buffers, parking).
@@ -166,8 +167,9 @@ class Actor:
                        time.time())
     self.queue.put((batch, info))
     del self._tickets[k]  # the permit now travels with the rollout
-    self.timers.put_s += time.perf_counter() - t0
-    self.timers.rollouts += 1
+    with self.timers.lock:
+      self.timers.put_s += time.perf_counter() - t0
+      self.timers.rollouts += 1
     self._steps_since_emit = 0
 
   # -- the policy -----------------------------------------------------------------------------
@@ -186,9 +188,10 @@ class Actor:
     t2 = time.perf_counter()
     action, extras = self._outputs.unpack(np.asarray(packed))  # the step's one copy to host
     t3 = time.perf_counter()
-    self.timers.h2d_s += t1 - t0
-    self.timers.inference_s += t2 - t1
-    self.timers.d2h_s += t3 - t2
+    with self.timers.lock:
+      self.timers.h2d_s += t1 - t0
+      self.timers.inference_s += t2 - t1
+      self.timers.d2h_s += t3 - t2
     if m < self.B:
       action, extras = action[:m], {k: v[:m] for k, v in extras.items()}
     return action, extras, key
@@ -211,8 +214,9 @@ class Actor:
 
   def on_restart(self) -> None:
     """Called by the supervisor after a failure: what was in flight is lost, and counted."""
-    self.timers.lost_rollouts += max(1, self._open_at_exit)
-    self.timers.lost_env_steps += self._steps_since_emit
+    with self.timers.lock:
+      self.timers.lost_rollouts += max(1, self._open_at_exit)
+      self.timers.lost_env_steps += self._steps_since_emit
     self._steps_since_emit = 0
     self.incarnation += 1
 
@@ -258,15 +262,16 @@ class Actor:
       t0 = time.perf_counter()
       obs, reward, terminated, truncated, info = pool.recv()
       t1 = time.perf_counter()
-      timers.env_recv_s += t1 - t0
       waited_before = timers.put_s + timers.permit_s + timers.paused_s + timers.param_fetch_s
       obs = obs.astype(self.spec.obs_dtype, copy=False)
       ids = np.asarray(info["env_id"])
       st.in_pool -= len(ids)
-      timers.env_steps += len(ids)
       self._steps_since_emit += len(ids)
       n, recorded, returned = st.received(ids)
-      timers.idle_env_steps += returned
+      with timers.lock:
+        timers.env_recv_s += t1 - t0
+        timers.env_steps += len(ids)
+        timers.idle_env_steps += returned
 
       step_end = terminated | truncated
       true_end = (info["terminated"].astype(bool) | truncated) if self._atari else step_end

@@ -75,8 +75,8 @@ class Balancer:
 
   def _actor_counts(self) -> list[tuple[int, float]]:
     """(rollouts delivered, seconds blocked or paused) per actor, cumulative."""
-    return [(a.timers.rollouts, a.timers.permit_s + a.timers.put_s + a.timers.paused_s)
-            for a in self.actors]
+    snaps = [a.timers.snapshot() for a in self.actors]
+    return [(t.rollouts, t.permit_s + t.put_s + t.paused_s) for t in snaps]
 
   def _window(self) -> tuple[float, float | None, bool]:
     """The last window's learner idle fraction, mean lag learned from, and whether one actor

@@ -1,0 +1,40 @@
+"""Counters written by one thread and read by others: a snapshot combines fields of one moment."""
+
+import threading
+
+from jaxrl_async.runtime.learners.loop import LearnerTimers
+from jaxrl_async.runtime.pipeline.actor import ActorTimers
+
+
+def test_a_snapshot_never_sees_half_of_an_update():
+  """The writer moves two fields together under the lock (a rollout and its queueing time, as
+  the actor's emit does); every snapshot taken meanwhile has them in step."""
+  timers, stop = ActorTimers(), threading.Event()
+
+  def write():
+    while not stop.is_set():
+      with timers.lock:
+        timers.rollouts += 1
+        for _ in range(50):  # widen the window between the two writes
+          pass
+        timers.put_s += 1.0
+
+  writer = threading.Thread(target=write)
+  writer.start()
+  try:
+    snaps = [timers.snapshot() for _ in range(20_000)]
+  finally:
+    stop.set()
+    writer.join()
+  assert snaps[-1].rollouts > 0
+  assert all(s.put_s == float(s.rollouts) for s in snaps)
+
+
+def test_a_snapshot_is_a_copy_and_leaves_the_lock_out_of_the_fields():
+  import dataclasses
+
+  t = LearnerTimers(idle_s=1.0)
+  s = t.snapshot()
+  t.idle_s += 1.0
+  assert s.idle_s == 1.0 and t.idle_s == 2.0
+  assert "lock" not in dataclasses.asdict(t) and s.lock is t.lock
