@@ -18,9 +18,17 @@ def run(config, tmp_path, **kwargs):
   return Trainer.from_config(config, run_dir=tmp_path, quiet=True, **kwargs).run()
 
 
-def component_threads_alive():
-  return [t.name for t in threading.enumerate()
-          if t.name == "learner" or t.name.startswith("actor-")]
+def component_threads_alive(within_s: float = 30.0):
+  """Component threads still alive `within_s` after the run returned. A thread in a call
+  nothing can wake (the update's compile) is left to end on its own after a stop: it must then
+  end, once that call returns."""
+  deadline = time.time() + within_s
+  while True:
+    alive = [t.name for t in threading.enumerate()
+             if t.name == "learner" or t.name.startswith("actor-")]
+    if not alive or time.time() > deadline:
+      return alive
+    time.sleep(0.05)
 
 
 IMPALA_CARTPOLE = dict(num_actors=2, num_envs=16, rollout_len=32, hidden_sizes="64,64",

@@ -8,7 +8,9 @@ from typing import Any
 
 import jax
 
-from jaxrl_async.metrics import STEP_SPLIT, Ema, wall_s
+from jaxrl_async.loggers import make_logger
+from jaxrl_async.metrics import STEP_SPLIT, Ema, MetricsWriter, wall_s
+from jaxrl_async.runtime.pipeline.balance import Balancer
 
 
 class Monitor:
@@ -88,3 +90,19 @@ class Monitor:
     record = self.record() | (final or {})
     self.writer.write(record)
     return record
+
+
+def make_monitor(parts: Any, quiet: bool, resume: bool, start: Any, actors: list[Any],
+                 learner: Any, controller: Any, queue: Any, stats: Any, gate: Any
+                 ) -> tuple[MetricsWriter, Monitor]:
+  """The run's metrics writer (its logger on process 0 only: one TensorBoard or W&B run per
+  run), and its monitor, with the balancer when --balance=auto gave a `gate`; counts go on
+  from `start` (a resume's)."""
+  cfg = parts.config
+  is_chief = parts.cluster is None or jax.process_index() == 0
+  logger = make_logger(cfg.run.logger if is_chief else "none", parts.run_dir, cfg.to_flat())
+  writer = MetricsWriter(parts.run_dir, append=resume, quiet=quiet, logger=logger)
+  balancer = (Balancer(gate, learner, controller, cfg.rate.target_lag, cfg.rate.target_idle,
+                       cfg.rate.balance_every_s, actors) if gate is not None else None)
+  return writer, Monitor(cfg, actors, learner, controller, queue, stats, writer,
+                         start.env_steps, start.episodes, balancer)

@@ -9,9 +9,11 @@ from jaxrl_async.metrics import wall_s
 
 
 def write_summary(trainer: Any, reason: str, actors: list[Any], learner: Any, controller: Any,
-                  stats: Any, monitor: Any, threads: list[Any]) -> dict[str, Any]:
+                  stats: Any, monitor: Any, threads: list[Any], phase: str,
+                  abandoned: list[str]) -> dict[str, Any]:
   """The run's summary.json (counters, timings, the config, what the layout chose), written to
-  the trainer's run dir and returned."""
+  the trainer's run dir and returned. `phase` is where the run was when it stopped; `abandoned`
+  names threads left in a call nothing can wake."""
   now = wall_s()
   parts = trainer.parts
   t = learner.timers.snapshot()
@@ -26,6 +28,10 @@ def write_summary(trainer: Any, reason: str, actors: list[Any], learner: Any, co
       "solved_env_steps": stats.solved_env_steps,
       "final_return_mean": stats.return_mean(),
       "stop_reason": reason,
+      "stop_phase": phase,
+      # The last line of the first failed thread's traceback (the whole one is raised).
+      "error": next((th.error.strip().splitlines()[-1] for th in threads if th.error), None),
+      "abandoned_threads": abandoned,
       "env_steps": monitor.env_steps(),
       "episodes": trainer.start.episodes + stats.episodes,
       "updates": t.updates,

@@ -19,26 +19,32 @@ from typing import Any
 
 import jax
 import numpy as np
+from absl import logging
 
 from jaxrl_async import envs
 from jaxrl_async.config import TrainConfig
-from jaxrl_async.loggers import make_logger
-from jaxrl_async.metrics import EpisodeStats, MetricsWriter, wall_s
+from jaxrl_async.metrics import EpisodeStats, wall_s
 from jaxrl_async.runtime.build import Components, build, trace_init
 from jaxrl_async.runtime.checkpoint_hook import CheckpointHook
 from jaxrl_async.runtime.learners.global_step import GlobalStep, compile_global_update
 from jaxrl_async.runtime.learners.loop import LearnerLoop
 from jaxrl_async.runtime.learners.on_policy import OnPolicyStep, batch_shapes, compile_update
 from jaxrl_async.runtime.learners.replay_step import ReplayStep
-from jaxrl_async.runtime.monitor import Monitor
+from jaxrl_async.runtime.monitor import make_monitor
 from jaxrl_async.runtime.pipeline.actor import Actor, ActorTimers
-from jaxrl_async.runtime.pipeline.balance import ActorGate, Balancer
+from jaxrl_async.runtime.pipeline.balance import ActorGate
 from jaxrl_async.runtime.pipeline.params import ParamStore
 from jaxrl_async.runtime.pipeline.policy_step import compile_policy_step
 from jaxrl_async.runtime.pipeline.queue import RolloutQueue
 from jaxrl_async.runtime.pipeline.rate import RateController
 from jaxrl_async.runtime.summary import write_summary
-from jaxrl_async.runtime.supervision import Supervised, ThreadFailed, join_all
+from jaxrl_async.runtime.supervision import (
+    Supervised,
+    ThreadFailed,
+    join_all,
+    stop_phase,
+    uninterruptible,
+)
 from jaxrl_async.runtime.validation import check_devices, check_run_dir, validate
 
 __all__ = ["RunResult", "ThreadFailed", "Trainer", "check_devices", "check_run_dir", "validate"]
@@ -83,10 +89,13 @@ class Trainer:
   """One training run on this host. `run()` returns a RunResult or raises ThreadFailed."""
 
   def __init__(self, parts: Components, quiet: bool = False, timings: dict | None = None,
-               pool_factory: Any = None):
+               pool_factory: Any = None, started_at: float | None = None):
     """A run of `parts` (runtime/build.py); `timings` are start-up times measured before it
-    (imports), for summary.json; `pool_factory` makes the actors' env pools (tests: fakes)."""
+    (imports), for summary.json; `pool_factory` makes the actors' env pools (tests: fakes);
+    `started_at` is the time.time() --max_wall_s counts from (the launcher passes the process's
+    start, so the cap covers imports and start-up; default: now)."""
     self.parts = parts
+    self.started_at = time.time() if started_at is None else started_at
     self.config = parts.config
     self.quiet = quiet
     self.timings = dict(timings or {})
@@ -162,14 +171,18 @@ class Trainer:
   # -- the run ------------------------------------------------------------------------------
 
   def run(self) -> RunResult:
+    """Starts, supervises and stops the run. A stop is honoured in every phase: start-up waits
+    look for it every 50 ms, and a thread in a call nothing can wake is left to end on its own
+    (listed in summary.json's `abandoned_threads`)."""
     cfg = self.config
     ck = self.parts.checkpointer
+    stopped_before = "setup" if self._stop_reason else None
     # Read once: it reads each checkpoint's meta, newest first, past any damaged ones.
     newest = ck.newest_readable_version() if cfg.checkpoint.resume and ck is not None else None
     resume = newest is not None
     if resume:
       self.start.version = int(newest)
-    startup = self._start_compiles(resume)
+    startup = self._start_compiles(resume, compile_=stopped_before is None)
     version = self.start.version
     store = self.parts.cluster.param_store() if self.parts.cluster else ParamStore()
     queue = RolloutQueue(cfg.rate.resolved_queue_capacity)
@@ -190,52 +203,109 @@ class Trainer:
         self.stop, wall_s, cfg.run.max_nonfinite_updates, startup.abstract, version,
         state_future=startup.state_future, after_update=hook)
     threads = [Supervised("learner", learner.run, self.stop)]
-    threads[0].start()  # compiles the update, then waits for the initial state
-    store.publish(self.parts.algo.actor_params(startup.state_future.result()), version)
-    gate = ActorGate(cfg.actor.num_actors) if cfg.rate.balance == "auto" else None
-    actors = self._make_actors(startup, version, queue, store, controller, stats, gate,
-                               actor_timers)
-    threads += [Supervised(f"actor-{a.index}", a.run, self.stop, restarts=cfg.run.actor_restarts,
-                           on_restart=a.on_restart) for a in actors]
-    for t in threads[1:]:
-      t.start()
-    self.timings["train_start_wall_s"] = wall_s()
-    is_chief = self.parts.cluster is None or jax.process_index() == 0
-    logger = make_logger(cfg.run.logger if is_chief else "none", self.parts.run_dir,
-                         cfg.to_flat())
-    writer = MetricsWriter(self.parts.run_dir, append=resume, quiet=self.quiet, logger=logger)
-    balancer = (Balancer(gate, learner, controller, cfg.rate.target_lag, cfg.rate.target_idle,
-                         cfg.rate.balance_every_s, actors) if gate is not None else None)
-    monitor = Monitor(cfg, actors, learner, controller, queue, stats, writer,
-                      self.start.env_steps, self.start.episodes, balancer)
+    if stopped_before is None:
+      threads[0].start()  # compiles the update, then waits for the initial state
+    actors: list[Actor] = []
+    writer = monitor = None
     try:
-      reason = self._supervise(threads, learner, stats, monitor)
+      reason = stopped_before and self._stop_reason
+      reason = reason or self._await_startup([startup.state_future], threads)
+      if reason is None:
+        store.publish(self.parts.algo.actor_params(startup.state_future.result()), version)
+        reason = self._await_startup(list(startup.policy_futures.values()), threads)
+      gate = ActorGate(cfg.actor.num_actors) if cfg.rate.balance == "auto" else None
+      if reason is None:
+        actors = self._make_actors(startup, version, queue, store, controller, stats, gate,
+                                   actor_timers)
+        reason = self._start_actors(actors, threads)
+      writer, monitor = make_monitor(self.parts, self.quiet, resume, self.start, actors,
+                                     learner, controller, queue, stats, gate)
+      reason = reason or self._supervise(threads, learner, stats, monitor)
     except KeyboardInterrupt:
       reason = "interrupted"
     finally:
+      phase = stopped_before or stop_phase(learner, actors, self.start.version)
+      for f in startup.policy_futures.values():
+        f.cancel()  # a compile not yet begun is not begun after a stop
       self.stop.set()
       queue.close()
       controller.close()
-      alive = join_all(threads)
-      monitor.log(final={"actor_restarts": sum(t.restarts for t in threads)})
-      writer.close()
+      alive = join_all(threads, stuck=uninterruptible(learner, actors))
+      if monitor is not None:
+        monitor.log(final={"actor_restarts": sum(t.restarts for t in threads)})
+      if writer is not None:
+        writer.close()
     errors = [t.error for t in threads if t.error]
-    if not alive and hook is not None:
-      hook.final(learner.version, learner.state, failed=bool(errors))
+    if hook is not None:
+      self._final_checkpoint(hook, learner, failed=bool(errors),
+                             learner_done=not threads[0].is_alive())
+    if alive:
+      logging.warning("left to end on their own after the stop: %s (in a call nothing can "
+                      "wake: an XLA compile or EnvPool's construction)", ", ".join(alive))
+    summary = write_summary(self, reason, actors, learner, controller, stats, monitor, threads,
+                            phase=phase, abandoned=alive)
     if errors:
       raise ThreadFailed(errors[0])
-    if alive:
-      raise ThreadFailed(f"threads still running after shutdown: {alive}")
-    summary = write_summary(self, reason, actors, learner, controller, stats, monitor, threads)
     return RunResult(summary, learner.state, learner.version)
 
-  def _start_compiles(self, resume: bool) -> _Startup:
+  def _final_checkpoint(self, hook: CheckpointHook, learner: LearnerLoop, failed: bool,
+                        learner_done: bool) -> None:
+    """The end-of-run checkpoint, timed (summary.json's timings.final_checkpoint_s). A learner
+    still in its compile holds no state worth saving: the checkpointer only closes."""
+    t0 = time.perf_counter()
+    if learner_done:
+      hook.final(learner.version, learner.state, failed=failed)
+    else:
+      hook.checkpointer.close()
+    self.timings["final_checkpoint_s"] = time.perf_counter() - t0
+
+  def _start_actors(self, actors: list[Actor], threads: list[Supervised]) -> str | None:
+    """Starts the actors' threads (added to `threads`); a reason to stop that came first."""
+    threads += [Supervised(f"actor-{a.index}", a.run, self.stop,
+                           restarts=self.config.run.actor_restarts, on_restart=a.on_restart)
+                for a in actors]
+    # EnvPool builds its pool holding the GIL (seconds for Atari), so each start waits on the
+    # one before: the stop is looked at between them, not after the last.
+    for i, t in enumerate(threads[1:], 1):
+      if reason := self._await_startup([], threads[:i]):
+        return reason
+      t.start()
+    self.timings["train_start_wall_s"] = wall_s()
+    return None
+
+  # -- stops ----------------------------------------------------------------------------------
+
+  def _past_wall(self) -> bool:
+    cap = self.config.run.max_wall_s
+    return bool(cap) and time.time() - self.started_at >= cap
+
+  def _await_startup(self, futures: list[Any], threads: list[Supervised]) -> str | None:
+    """Waits for start-up work (a compile, a restore) in slices of 50 ms; returns a reason to
+    stop as soon as there is one, None once the work is done. Several processes wait it out:
+    their wish to stop is agreed through the global step, once it runs."""
+    pending = set(futures)
+    while True:
+      if self.stop.is_set() or not all(t.is_alive() for t in threads):
+        return "error" if any(t.error for t in threads) else "stopped"
+      if self.parts.cluster is None and self._stop_reason:
+        return self._stop_reason
+      if self.parts.cluster is None and self._past_wall():
+        return "max_wall_s"
+      if not pending:
+        return None
+      _, pending = concurrent.futures.wait(pending, timeout=0.05)
+
+  def _start_compiles(self, resume: bool, compile_: bool = True) -> _Startup:
     """Start-up is most of a short run here: the initial state, the policies and (in the learner
     thread) the update compile at the same time, each from abstract shapes (XLA compiles
-    outside the GIL)."""
+    outside the GIL). Without `compile_` (a stop came first) only the shapes are traced."""
     cfg, p = self.config, self.parts
     traced_init = self._trace_init()
     abstract = traced_init.out_info
+    if not compile_:
+      never: concurrent.futures.Future = concurrent.futures.Future()
+      never.cancel()
+      return _Startup(abstract, never, [], [], {}, None)
     pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="startup")
     state_future = pool.submit(self._restore_state if resume else self._init_state,
                                abstract if resume else traced_init)
@@ -292,7 +362,6 @@ class Trainer:
   def _supervise(self, threads, learner, stats, monitor) -> str:
     cfg = self.config.run
     next_log = time.time() + cfg.log_every_s
-    t_start = time.time()
     balancer = monitor.balancer
     next_balance = time.time() + (balancer.every_s if balancer else float("inf"))
     while True:
@@ -305,8 +374,7 @@ class Trainer:
         return self.parts.cluster.stop_reason(learner.step) if self.parts.cluster else "budget"
       if self.stop.is_set() or not all(t.is_alive() for t in threads):
         return "error" if any(t.error for t in threads) else "stopped"
-      if (cfg.max_wall_s and time.time() - t_start >= cfg.max_wall_s
-          and self._agreed("max_wall_s")):
+      if self._past_wall() and self._agreed("max_wall_s"):
         return "max_wall_s"
       if time.time() >= next_balance:
         balancer.step(wall_s())

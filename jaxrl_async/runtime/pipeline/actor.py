@@ -115,6 +115,7 @@ class Actor:
     self._outputs = PolicyOutputs(spec.action_shape, spec.action_dtype, algo.extras_spec)
     self._tickets: dict[int, int] = {}  # rollout index -> its ticket, until it is emitted
     self._open_at_exit = 0
+    self.pool_ready = False  # its env pool exists (read by the trainer at a stop)
     # NOTE: on a CPU device an explicit device_put before the call cost 70 us a step here
     # (`python -m tools.policy_step_cost`: 150 against 78 us per CartPole step); the compiled
     # call takes the numpy array itself, so there the copy is inside `inference_s`.
@@ -225,11 +226,15 @@ class Actor:
 
   def run(self) -> None:
     env_id = self.config.env.env_id
+    self.pool_ready = False
     try:
       pool = self.pool_factory(self.config.env, env_seed(self.config.run.seed, self.global_index,
                                                         self.E, self._salt()))
     except Exception as e:
       raise RuntimeError(f"EnvPool could not make {env_id} for actor {self.index}: {e}") from e
+    # Construction is one C call that nothing can wake: until it returns, a shutdown leaves
+    # this thread to finish on its own (the trainer abandons it, and it then sees the stop).
+    self.pool_ready = True
     try:
       self._loop(pool)
     except QueueClosed:
