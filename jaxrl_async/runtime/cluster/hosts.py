@@ -46,6 +46,7 @@ __all__ = ["EXIT_PEER_LOST", "ClusterError", "HostLayout", "PeerWatchdog", "chec
 EXIT_PEER_LOST = 75  # EX_TEMPFAIL: a peer died; the run can be restarted with --resume
 _ALIVE, _DONE = "jaxrl_async/alive/", "jaxrl_async/done/"
 _watchdog: PeerWatchdog | None = None
+_exiting = threading.Lock()  # held by the one thread that ends the process (`exit_now`)
 
 
 class ClusterError(RuntimeError):
@@ -101,10 +102,25 @@ def mark_done() -> None:
 def describe_failure(error: BaseException, cfg: DistributedConfig) -> str:
   """One line for the log of a process that failed in a multi-process run."""
   text = str(error).strip().splitlines()
-  first = f"{type(error).__name__}: {text[0] if text else ''}"[:400]
-  peer = any(w in str(error).lower() for w in ("gloo", "nccl", "connection", "collective"))
-  cause = ("a collective with the other processes failed, so a peer probably died; see its log"
-           if peer else "this process failed")
+  words = ("gloo", "nccl", "connection", "collective")
+  # A thread's failure (ThreadFailed) carries its traceback: the line worth showing is the
+  # error's, which comes last, not the header.
+  about_peers = [ln.strip() for ln in text if any(w in ln.lower() for w in words)]
+  line = about_peers[-1] if about_peers else (text[0] if text else "")
+  first = f"{type(error).__name__}: {line}"[:400]
+  cause = "this process failed"
+  if about_peers:
+    # A failed collective does not say which peer left it; the line names the candidates
+    # (with two processes, the dead one), so the reader knows whose log to open. They come
+    # from the watchdog, not from JAX: nothing here may fail on the way out.
+    others = [str(p) for p in range(_watchdog.n) if p != _watchdog.me] if _watchdog else []
+    who = ""
+    if len(others) == 1:
+      who = f" (process {others[0]})"
+    elif others:
+      who = f" (one of processes {', '.join(others[:32])}{', ...' if len(others) > 32 else ''})"
+    cause = (f"a collective with the other processes failed, so a peer probably died{who}; "
+             "see its log")
   return (f"{cause} ({first}). Exiting at once; the other processes stop within "
           f"--peer_timeout_s={cfg.peer_timeout_s:g}.")
 
@@ -112,7 +128,11 @@ def describe_failure(error: BaseException, cfg: DistributedConfig) -> str:
 def exit_now(status: int, message: str) -> NoReturn:
   """Prints `message` and exits at once, skipping JAX's shutdown barrier, which would wait for
   peers that are themselves waiting for this process in a collective."""
-  print(f"jaxrl_async: process {jax.process_index()}: {message}", file=sys.stderr, flush=True)
+  # The watchdog and the main thread (after a failed collective) can both get here at once:
+  # the first one's line and status stand, and the other waits here for the exit.
+  _exiting.acquire()
+  me = _watchdog.me if _watchdog is not None else jax.process_index()
+  print(f"jaxrl_async: process {me}: {message}", file=sys.stderr, flush=True)
   sys.stdout.flush()
   os._exit(status)
 
