@@ -89,9 +89,10 @@ def test_a_stop_while_env_pools_are_built_abandons_them_and_returns(tmp_path):
   stop_when(trainer, building.is_set)
   t0 = time.time()
   s = trainer.run().summary
-  assert time.time() - t0 - s["timings"]["train_start_wall_s"] + s["wall_s"] < 15
+  assert time.time() - t0 < 15
   assert s["stop_reason"] == "terminated" and s["stop_phase"] == "env_construction"
-  assert sorted(s["abandoned_threads"]) == ["actor-0", "actor-1"]
+  # Both actors; on a loaded machine the learner may still be in its compile too.
+  assert {"actor-0", "actor-1"} <= set(s["abandoned_threads"]) <= {"actor-0", "actor-1", "learner"}
   # (The fixture then checks that each saw the stop once its pool existed, and ended.)
 
 
