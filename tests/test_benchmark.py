@@ -356,3 +356,19 @@ def test_run_summary_counts_what_was_lost_and_who_waited(tmp_path):
   assert r["sps"] == pytest.approx(100.0)
   assert r["actor_blocked"] == pytest.approx(0.3) and r["learner_idle"] == pytest.approx(0.6)
   assert r["rollouts_per_update"] == 2
+
+
+def test_balance_grid_judges_auto_against_the_best_and_median_fixed_setting():
+  from tools.suites import balance_grid
+
+  assert balance_grid.settings(False, False)[-1] == ("auto", 1, 6)
+  assert len(balance_grid.settings(False, False)) == len(balance_grid.GRID_U) * 3 + 1
+  row = lambda balance, u, n, sps: {
+      "regime": "fast", "balance": balance, "U": u, "actors": n, "sps": sps,
+      "actors_blocked": 0.1, "learner_idle": 0.8, "lag_mean": 0.5, "end_u": u, "end_active": n}
+  rows = [row("off", 1, 6, 30.0), row("off", 6, 6, 20.0), row("off", 3, 2, 10.0),
+          row("auto", 1, 6, 27.0), {"regime": "fast", "balance": "off", "error": "exit 1"}]
+  [v] = balance_grid.verdicts(rows)
+  assert v["best_fixed"] == "U=1 N=6" and v["auto_vs_best"] == pytest.approx(0.9)
+  assert v["median_fixed_sps"] == 20.0
+  assert "auto against the fixed settings" in balance_grid.tables(rows)

@@ -36,7 +36,7 @@ def test_key_ignores_host_only_fields_and_follows_the_rest(tmp_path):
 _HOST_VARIANTS = (
     dict(seed=5, run_dir="/tmp/elsewhere", compilation_cache=False, compilation_cache_dir="/x",
          env_threads=1, max_policy_lag=3, queue_capacity=7, balance="auto", target_lag=1.5,
-         target_idle=0.3, balance_every_s=3.0, checkpoint_every_s=5.0,
+         target_idle=0.3, target_blocked=0.4, balance_every_s=3.0, checkpoint_every_s=5.0,
          checkpoint_every_updates=10, keep_checkpoints=2, checkpoint_at_end=True,
          stop_at_return=100.0, return_window=10, log_every_s=1.0, max_wall_s=9.0,
          logger="tensorboard", actor_restarts=2, max_nonfinite_updates=5),

@@ -2,9 +2,10 @@
 
     python -m tools.benchmark SUITE [--out DIR] [--quick] [--tiny] [--seeds LIST]
 
-SUITE is one of throughput, transfer, convergence, startup, lag_sweep, balance, decentralized,
-scaling, algos, or `all` (each into DIR/<suite>; a suite missing from the checkout is reported and
-skipped). Each writes DIR/results.json (raw rows, config, machine, versions, git revision),
+SUITE is one of throughput, transfer, convergence, startup, lag_sweep, balance, balance_grid,
+decentralized, scaling, algos, or `all` (each into DIR/<suite>; a suite missing from the checkout
+is reported and skipped). Each writes DIR/results.json (raw rows, config, machine, versions, git
+revision),
 DIR/results.md (tables) and its PNG plots, and prints a progress line per step. `--quick` is the
 short version (minutes); `--tiny` shrinks the sizes further for tests (suites without a tiny size
 run their quick version). `--seeds` (e.g. 10-19) replaces the seeds of the suites that run seeds
@@ -29,7 +30,7 @@ from tools.bench_common import SuiteResult, seed_list, write_results
 
 # decentralized and algos are other engineers' suites, dispatched the same way.
 SUITES = ("throughput", "transfer", "convergence", "startup", "lag_sweep", "balance",
-          "decentralized", "scaling", "algos")
+          "balance_grid", "decentralized", "scaling", "algos")
 
 
 def load_suite(name: str) -> Any:

@@ -126,4 +126,5 @@ def make_a2c(cfg: A2CConfig, spec: EnvSpec, network: NetworkConfig, axis_name: s
 
   return Algorithm(
       name="a2c", init=init, make_policy=lambda actor_index: policy, update=update,
-      actor_params=lambda state: state.params, extras_spec={}, greedy_policy=greedy)
+      actor_params=lambda state: state.params, extras_spec={}, greedy_policy=greedy,
+      fixed_batch=cfg.anneal_lr)

@@ -174,4 +174,5 @@ def make_impala(cfg: ImpalaConfig, spec: EnvSpec, network: NetworkConfig, axis_n
       name="impala", init=init, make_policy=lambda actor_index: policy, update=update,
       actor_params=lambda state: state.params,
       extras_spec={"logp": ((), np.dtype(np.float32))}, grad_steps_per_update=grad_steps,
-      greedy_policy=greedy, epochs_per_update=cfg.num_epochs)
+      greedy_policy=greedy, epochs_per_update=cfg.num_epochs,
+      fixed_batch=cfg.anneal_lr)

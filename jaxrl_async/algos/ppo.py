@@ -282,4 +282,4 @@ def make_ppo(cfg: PPOConfig, spec: EnvSpec, network: NetworkConfig, axis_name: s
       name="ppo", init=init, make_policy=lambda actor_index: policy, update=update,
       actor_params=lambda state: {"params": state.params, "obs_norm": state.obs_norm},
       extras_spec=extras_spec, grad_steps_per_update=grad_steps,
-      epochs_per_update=cfg.num_epochs)
+      epochs_per_update=cfg.num_epochs, fixed_batch=cfg.anneal_lr or cfg.anneal_clip)

@@ -54,11 +54,14 @@ class RateConfig:
                           "queue (queue_capacity) only bounds memory; for comparison only.")
   rollouts_per_update: int = _f(1, "Rollouts the learner concatenates into one update.")
   queue_capacity: int = _f(0, "Rollout queue bound; 0 derives it from the lag cap.")
-  balance: str = _f("off", "off: fixed actors; auto: while the learner is busy (idle under "
-                    "--target_idle) pause actors to keep the mean lag under --target_lag; "
-                    "while it idles, resume them.")
+  balance: str = _f("off", "off: fixed settings; auto: each window, move the rollouts per "
+                    "update, the rollouts in flight (within the cap K), the active actors and "
+                    "(replay) the SPI target towards --target_lag, --target_idle and "
+                    "--target_blocked (runtime/pipeline/balance.py).")
   target_lag: float = _f(0.5, "balance=auto: mean policy lag to stay under (below the cap K).")
   target_idle: float = _f(0.2, "balance=auto: learner idle fraction to stay under.")
+  target_blocked: float = _f(0.15, "balance=auto: fraction of the time the actors may wait on "
+                             "tickets (or the learner's inserts).")
   balance_every_s: float = _f(1.0, "balance=auto: seconds between control steps.")
   lag_weighting: str = _f("off", "Staleness correction on top of the V-trace/PPO ratios (impala, "
                           "ppo): each rollout's loss terms count w(L) times, L its policy lag at "
@@ -77,7 +80,7 @@ class RateConfig:
     if self.balance == "auto" and not self.free_running:
       _check(self.target_lag <= self.max_policy_lag, "target_lag", self.target_lag,
              f"must be <= --max_policy_lag={self.max_policy_lag} (the hard cap)")
-    _unit_interval(self, "target_idle")
+    _unit_interval(self, "target_idle", "target_blocked")
     _check(self.balance_every_s > 0, "balance_every_s", self.balance_every_s, "must be > 0")
     _check(self.lag_weighting in LAG_WEIGHTINGS, "lag_weighting", self.lag_weighting,
            f"must be one of {', '.join(LAG_WEIGHTINGS)}")

@@ -42,6 +42,7 @@ from jaxrl_async.config import TrainConfig
 HOST_ONLY_FIELDS = (
     "seed", "run_dir", "resume", "compilation_cache", "compilation_cache_dir", "env_threads",
     "max_policy_lag", "free_running", "queue_capacity", "balance", "target_lag", "target_idle",
+    "target_blocked",
     "balance_every_s", "checkpoint_every_s", "checkpoint_every_updates", "keep_checkpoints",
     "checkpoint_at_end", "checkpoint_replay", "stop_at_return", "return_window", "log_every_s",
     "max_wall_s", "logger", "actor_restarts", "max_nonfinite_updates")

@@ -10,7 +10,7 @@ import jax
 
 from jaxrl_async.loggers import make_logger
 from jaxrl_async.metrics import STEP_SPLIT, Ema, MetricsWriter, wall_s
-from jaxrl_async.runtime.pipeline.balance import Balancer
+from jaxrl_async.runtime.pipeline.balancer import Balancer, make_bounds
 
 
 class Monitor:
@@ -80,7 +80,8 @@ class Monitor:
                      if k != "nonfinite" and math.isfinite(float(v))})
     record.update(self.learner.extra_metrics())
     if self.balancer is not None:
-      record["active_actors"] = self.balancer.gate.active
+      record.update(active_actors=self.balancer.gate.active,
+                    in_flight_limit=self.controller.in_flight_limit)
       record["balance_decisions"] = self.balancer.take_unlogged()
     self._last = {"t": now, "blocked": blocked, "idle": idle, "steps": env_steps}
     return record
@@ -102,7 +103,11 @@ def make_monitor(parts: Any, quiet: bool, resume: bool, start: Any, actors: list
   is_chief = parts.cluster is None or jax.process_index() == 0
   logger = make_logger(cfg.run.logger if is_chief else "none", parts.run_dir, cfg.to_flat())
   writer = MetricsWriter(parts.run_dir, append=resume, quiet=quiet, logger=logger)
-  balancer = (Balancer(gate, learner, controller, cfg.rate.target_lag, cfg.rate.target_idle,
-                       cfg.rate.balance_every_s, actors) if gate is not None else None)
+  balancer = None
+  if gate is not None:
+    limiter = getattr(learner.step, "limiter", None)  # the replay's
+    bounds = make_bounds(cfg, parts.algo, parts.cluster is not None, limiter)
+    balancer = Balancer(gate, learner, controller, bounds, cfg.rate.balance_every_s, actors,
+                        limiter)
   return writer, Monitor(cfg, actors, learner, controller, queue, stats, writer,
                          start.env_steps, start.episodes, balancer)

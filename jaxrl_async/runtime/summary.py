@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -42,6 +43,7 @@ def write_summary(trainer: Any, reason: str, actors: list[Any], learner: Any, co
       "wall_s_total": trainer.start.wall_s_total + now,
       "max_policy_lag_seen": controller.max_lag_seen,
       "dropped_stale": controller.dropped_stale,
+      "dropped_lag_hist": {str(k): v for k, v in sorted(controller.dropped_lag_hist.items())},
       "lag_hist": {str(k): v for k, v in sorted(controller.lag_hist.items())},
       "nonfinite_skipped": learner.nonfinite_skipped,
       "actor_restarts": sum(th.restarts for th in threads),
@@ -52,8 +54,10 @@ def write_summary(trainer: Any, reason: str, actors: list[Any], learner: Any, co
       # Damaged checkpoints a resume passed over (version -> why), set aside beside the good.
       "checkpoints_skipped": ({str(v): why for v, why in parts.checkpointer.skipped.items()}
                               if parts.checkpointer else {}),
-      "balance_decisions": ([vars(d) for d in monitor.balancer.decisions]
+      "balance_decisions": (list(monitor.balancer.decisions)
                             if monitor.balancer else []),
+      "balance_setting": (dataclasses.asdict(monitor.balancer.setting)
+                          if monitor.balancer else None),
       "timings": timings,
       "layout": parts.layout,
       "config": parts.config.to_flat(),

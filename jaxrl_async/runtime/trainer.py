@@ -32,7 +32,7 @@ from jaxrl_async.runtime.learners.on_policy import OnPolicyStep, batch_shapes, c
 from jaxrl_async.runtime.learners.replay_step import ReplayStep
 from jaxrl_async.runtime.monitor import make_monitor
 from jaxrl_async.runtime.pipeline.actor import Actor, ActorTimers
-from jaxrl_async.runtime.pipeline.balance import ActorGate
+from jaxrl_async.runtime.pipeline.balancer import ActorGate, make_bounds, queue_capacity
 from jaxrl_async.runtime.pipeline.params import ParamStore
 from jaxrl_async.runtime.pipeline.policy_step import compile_policy_step
 from jaxrl_async.runtime.pipeline.queue import RolloutQueue
@@ -185,7 +185,9 @@ class Trainer:
     startup = self._start_compiles(resume, compile_=stopped_before is None)
     version = self.start.version
     store = self.parts.cluster.param_store() if self.parts.cluster else ParamStore()
-    queue = RolloutQueue(cfg.rate.resolved_queue_capacity)
+    auto = cfg.rate.balance == "auto"
+    bounds = make_bounds(cfg, self.parts.algo, self.parts.cluster is not None) if auto else None
+    queue = RolloutQueue(queue_capacity(cfg, bounds))
     controller = RateController(cfg.rate, version)
     # The actors' counters exist before the actors, so everything that counts env steps is
     # built with them in hand: nothing is wired after construction.
@@ -194,7 +196,8 @@ class Trainer:
     session_steps = lambda: sum(t.env_steps for t in actor_timers)
     env_steps = lambda: self.start.env_steps + session_steps()
     stats = EpisodeStats(cfg.run.return_window, cfg.run.stop_at_return, env_steps)
-    step = self._make_step(startup, version, session_steps, stats)
+    step = self._make_step(startup, version, session_steps, stats,
+                           current_u=(lambda: controller.rollouts_per_update) if auto else None)
     hook = (CheckpointHook(self.parts.checkpointer, cfg, step, controller, env_steps, stats,
                            lambda: self.start)
             if self.parts.checkpointer is not None else None)
@@ -213,7 +216,7 @@ class Trainer:
       if reason is None:
         store.publish(self.parts.algo.actor_params(startup.state_future.result()), version)
         reason = self._await_startup(list(startup.policy_futures.values()), threads)
-      gate = ActorGate(cfg.actor.num_actors) if cfg.rate.balance == "auto" else None
+      gate = ActorGate(cfg.actor.num_actors) if auto else None
       if reason is None:
         actors = self._make_actors(startup, version, queue, store, controller, stats, gate,
                                    actor_timers)
@@ -326,8 +329,9 @@ class Trainer:
     return _Startup(abstract, state_future, policies, keys, policy_futures, replay_future)
 
   def _make_step(self, startup: _Startup, version: int, session_steps: Any,
-                 stats: EpisodeStats) -> Any:
-    """The learner's step (learners/loop.py): replay, global (several processes) or on-policy."""
+                 stats: EpisodeStats, current_u: Any = None) -> Any:
+    """The learner's step (learners/loop.py): replay, global (several processes) or on-policy
+    (whose U follows `current_u`, the rate controller's, under --balance=auto)."""
     cfg, p = self.config, self.parts
     if p.algo.off_policy:
       rollout = batch_shapes(cfg, p.spec, p.algo, p.mesh)[0]
@@ -336,11 +340,11 @@ class Trainer:
     hosts = p.cluster.num_processes if p.cluster else 1
     per_update = cfg.env_steps_per_update * hosts  # --total_env_steps counts every host's
     target = -(-cfg.run.total_env_steps // per_update)
-    consumed = cfg.env_steps_per_update * max(p.algo.epochs_per_update, 1)
+    consumed = cfg.env_steps_per_rollout * max(p.algo.epochs_per_update, 1)
     if p.cluster is None:
       compile_fn = functools.partial(compile_update, cfg, p.spec, p.algo, p.mesh,
                                      executables=p.executables)
-      return OnPolicyStep(compile_fn, cfg.rate.rollouts_per_update, target, consumed)
+      return OnPolicyStep(compile_fn, cfg.rate.rollouts_per_update, target, consumed, current_u)
     # This host's counts this session (stats count this session's episodes only).
     counts = lambda: {"env_steps": session_steps(), "episodes": stats.episodes}
     compile_fn = functools.partial(compile_global_update, cfg, p.spec, p.algo, p.mesh,

@@ -79,10 +79,10 @@ class GlobalStep:
   """
 
   def __init__(self, compile_fn: Any, rollouts_per_update: int, target_version: int,
-               consumed_per_update: int, mesh: Any, cluster: Any,
+               consumed_per_rollout: int, mesh: Any, cluster: Any,
                local_counts: Callable[[], dict[str, int]], wall_s: Callable[[], float]):
     self.batcher = OnPolicyStep(compile_fn, rollouts_per_update, target_version,
-                                consumed_per_update)
+                                consumed_per_rollout)
     self.mesh, self.cluster, self.local_counts, self.wall_s = mesh, cluster, local_counts, wall_s
     self.target_version = target_version
     self._pending: Any = None  # the last launched update's agreement, not yet read
@@ -127,7 +127,7 @@ class GlobalStep:
     self._save_version = None
     if previous is not None:
       self._absorb(np.asarray(previous), version)
-    return Advance(state, metrics, 1, tickets, self.batcher.consumed_per_update)
+    return Advance(state, metrics, 1, tickets, self.batcher.consumed_per_rollout * len(batch))
 
   # -- the agreement --------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ actors' first rollouts.
 
 from __future__ import annotations
 
+import concurrent.futures
 from typing import Any
 
 import jax
@@ -21,9 +22,10 @@ from jaxrl_async.runtime.pipeline.rate import RateController
 from jaxrl_async.runtime.sharding import batch_sharding, data_parallel
 
 
-def batch_shapes(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any
-                 ) -> tuple[Rollout, ...]:
-  """Abstract (shape, dtype, sharding) of the U rollouts one update takes."""
+def batch_shapes(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any,
+                 rollouts_per_update: int | None = None) -> tuple[Rollout, ...]:
+  """Abstract (shape, dtype, sharding) of the U rollouts one update takes (U: the config's
+  unless given)."""
   T, E = config.actor.rollout_len, config.env.num_envs
   sharding = batch_sharding(mesh)
   s = lambda shape, dtype: jax.ShapeDtypeStruct(shape, np.dtype(dtype), sharding=sharding)
@@ -34,7 +36,7 @@ def batch_shapes(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any
       valid=s((T, E), bool),
       extras={k: s((T, E) + shape, dtype) for k, (shape, dtype) in algo.extras_spec.items()},
       behaviour_version=s((1, E), np.int32))
-  return (one,) * config.rate.rollouts_per_update
+  return (one,) * (rollouts_per_update or config.rate.rollouts_per_update)
 
 
 def skip_nonfinite(update: Any) -> Any:
@@ -62,53 +64,94 @@ def skip_nonfinite(update: Any) -> Any:
 
 
 def lower_update(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any,
-                 state: Any) -> Any:
+                 state: Any, rollouts_per_update: int | None = None) -> Any:
   """The data-parallel update, traced and lowered from `state`'s shapes."""
   update = skip_nonfinite(lambda s, rollouts: algo.update(s, concat_rollouts(rollouts)))
-  return data_parallel(update, mesh).lower(state, batch_shapes(config, spec, algo, mesh))
+  shapes = batch_shapes(config, spec, algo, mesh, rollouts_per_update)
+  return data_parallel(update, mesh).lower(state, shapes)
 
 
 def compile_update(config: TrainConfig, spec: EnvSpec, algo: Algorithm, mesh: Any,
-                   state: Any, executables: Any = None) -> Any:
+                   state: Any, executables: Any = None,
+                   rollouts_per_update: int | None = None) -> Any:
   """The update compiled ahead of time (or, with `executables`, loaded from
-  runtime/executables.py's cache on a warm start)."""
-  lower = lambda: lower_update(config, spec, algo, mesh, state)
+  runtime/executables.py's cache on a warm start), for U rollouts (the config's unless given:
+  --balance=auto compiles others while the run goes on)."""
+  lower = lambda: lower_update(config, spec, algo, mesh, state, rollouts_per_update)
   if executables is None:
     return lower().compile()
-  return executables.compile("update", list(mesh.devices.flat), lower)
+  u = rollouts_per_update or config.rate.rollouts_per_update
+  name = "update" if u == config.rate.rollouts_per_update else f"update-u{u}"
+  return executables.compile(name, list(mesh.devices.flat), lower)
 
 
 class OnPolicyStep:
   """U admitted rollouts (any actors') -> one update: the LearnerStep of IMPALA, PPO, A2C.
 
-  `compile_fn(abstract_state)` gives the compiled `(state, rollouts) -> (state, metrics)`
-  (`compile_update`); the budget is `target_version` (updates, so a run's length does not
-  depend on thread timing); each update consumes `consumed_per_update` env steps (with reuse).
+  `compile_fn(abstract_state, rollouts_per_update=U)` gives the compiled
+  `(state, rollouts) -> (state, metrics)` (`compile_update`). U is `rollouts_per_update`, or,
+  with `current_u` (the rate controller's, which --balance=auto moves), whatever that says when
+  a batch is filled; `compile_for(u)` compiles another U in the background, and the balancer
+  moves U there only once it is compiled. The budget is counted in rollouts: `target_version`
+  updates of the configured U from the version the run starts at (so a run's length does not
+  depend on thread timing); each rollout learned consumes `consumed_per_rollout` env steps
+  (with reuse).
   """
 
   def __init__(self, compile_fn: Any, rollouts_per_update: int, target_version: int,
-               consumed_per_update: int):
+               consumed_per_rollout: int, current_u: Any = None):
     self.compile_fn, self.rollouts_per_update = compile_fn, rollouts_per_update
-    self.target_version, self.consumed_per_update = target_version, consumed_per_update
-    self.fn: Any = None
+    self.target_version, self.consumed_per_rollout = target_version, consumed_per_rollout
+    self.current_u = current_u or (lambda: rollouts_per_update)
+    self.fns: dict[int, Any] = {}
+    self._abstract: Any = None
+    self._compiling: dict[int, concurrent.futures.Future] = {}
+    self._pool: concurrent.futures.ThreadPoolExecutor | None = None
     self._rollouts: list[Rollout] = []
     self._tickets: list[int] = []
+    self.learned = 0  # rollouts learned from this session
+    self.updates_by_u: dict[int, int] = {}  # updates made with each U (--balance=auto moves it)
+    self._budget = 0
+
+  @property
+  def fn(self) -> Any:
+    return self.fns.get(self.rollouts_per_update)
 
   def compile(self, abstract_state: Any) -> None:
-    self.fn = self.compile_fn(abstract_state)
+    self._abstract = abstract_state
+    self.fns[self.rollouts_per_update] = self.compile_fn(abstract_state)
+
+  def compile_for(self, u: int) -> bool:
+    """Whether U = u is compiled; if not, its compilation is started (in the background)."""
+    if u in self.fns:
+      return True
+    if self._abstract is None:
+      return False  # the first compile has not begun
+    if u not in self._compiling:
+      if self._pool is None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile-u")
+      self._compiling[u] = self._pool.submit(self._compile_u, u)
+    future = self._compiling[u]
+    if future.done():
+      future.result()  # raises a failed compilation here, in the balancer's thread
+    return u in self.fns
+
+  def _compile_u(self, u: int) -> None:
+    self.fns[u] = self.compile_fn(self._abstract, rollouts_per_update=u)
 
   def prepare(self, state: Any, version: int, stop: Any) -> bool:
+    self._budget = max(self.target_version - version, 0) * self.rollouts_per_update
     return True
 
   def wants(self) -> bool:
-    return len(self._rollouts) < self.rollouts_per_update
+    return len(self._rollouts) < self.current_u()
 
   def add(self, rollout: Rollout, ticket: int) -> None:
     self._rollouts.append(rollout)
     self._tickets.append(ticket)
 
   def ready(self) -> bool:
-    return len(self._rollouts) == self.rollouts_per_update
+    return len(self._rollouts) >= self.current_u()
 
   def take_batch(self) -> tuple[tuple[Rollout, ...], tuple[int, ...]]:
     batch, tickets = tuple(self._rollouts), tuple(self._tickets)
@@ -117,17 +160,21 @@ class OnPolicyStep:
 
   def call(self, state: Any, version: int) -> Advance:
     batch, tickets = self.take_batch()
-    state, metrics = self.fn(state, batch)
-    return Advance(state, metrics, 1, tickets, self.consumed_per_update)
+    state, metrics = self.fns[len(batch)](state, batch)
+    self.learned += len(batch)
+    self.updates_by_u[len(batch)] = self.updates_by_u.get(len(batch), 0) + 1
+    return Advance(state, metrics, 1, tickets, self.consumed_per_rollout * len(batch))
 
   def save_agreed(self, version: int) -> bool:
     return False
 
   def done(self, version: int) -> bool:
-    return version >= self.target_version
+    return self.learned >= self._budget
 
   def extra_metrics(self, idle_s: float) -> dict[str, Any]:
-    return {}
+    return {"rollouts_per_update": self.current_u(),
+            "updates_by_rollouts_per_update": {str(u): n for u, n in
+                                               sorted(self.updates_by_u.items())}}
 
   def snapshot(self) -> None:
     return None
@@ -136,3 +183,5 @@ class OnPolicyStep:
     for ticket in self._tickets:
       controller.release(ticket)
     self._rollouts, self._tickets = [], []
+    if self._pool is not None:
+      self._pool.shutdown(wait=False, cancel_futures=True)

@@ -56,6 +56,7 @@ class SampleToInsertRatio:
     self.inserted = 0  # every transition inserted, warm-up included
     self.sampled = 0
     self.warm_inserted: int | None = None  # `inserted` when the warm-up ended
+    self._ref: tuple[int, int, float] | None = None  # inserted, sampled, error at an SPI change
     # Time callers of await_insert / await_sample spent blocked.
     self.insert_blocked_s = 0.0
     self.sample_blocked_s = 0.0
@@ -63,9 +64,27 @@ class SampleToInsertRatio:
   # -- the rule ----------------------------------------------------------------------------
 
   def _diff(self) -> float:
-    """SPI * I - S since the warm-up: > 0 means the learner is behind."""
+    """SPI * I - S since the warm-up: > 0 means the learner is behind. After a change of SPI
+    (`set_samples_per_insert`) the new ratio counts from the change, on top of the error then."""
     assert self.warm_inserted is not None
-    return self.samples_per_insert * (self.inserted - self.warm_inserted) - self.sampled
+    ref_inserted = self.warm_inserted if self._ref is None else self._ref[0]
+    ref_sampled, credit = (0, 0.0) if self._ref is None else self._ref[1:]
+    return (credit + self.samples_per_insert * (self.inserted - ref_inserted)
+            - (self.sampled - ref_sampled))
+
+  def set_samples_per_insert(self, samples_per_insert: float) -> None:
+    """A new target ratio (--balance=auto, within --spi_tolerance), continuing the error so far:
+    neither side gets a burst from the change. The error buffer must still cover a chunk of
+    each (see the module's docstring)."""
+    need = min_error_buffer(samples_per_insert, self.insert_chunk, self.sample_chunk)
+    if samples_per_insert <= 0 or self.error_buffer < need:
+      raise ValueError(f"samples_per_insert {samples_per_insert:g} needs an error buffer >= "
+                       f"{need:g} (it is {self.error_buffer:g}) and must be > 0")
+    with self._cond:
+      if self.warm_inserted is not None:
+        self._ref = (self.inserted, self.sampled, self._diff())
+      self.samples_per_insert = float(samples_per_insert)
+      self._cond.notify_all()
 
   def _insert_ok(self, n: int) -> bool:
     if self.warm_inserted is None:
@@ -136,7 +155,8 @@ class SampleToInsertRatio:
   def state_dict(self) -> dict[str, Any]:
     with self._cond:
       return {"inserted": self.inserted, "sampled": self.sampled,
-              "warm_inserted": self.warm_inserted}
+              "warm_inserted": self.warm_inserted, "samples_per_insert": self.samples_per_insert,
+              "ref": None if self._ref is None else list(self._ref)}
 
   def load_state_dict(self, state: dict[str, Any]) -> None:
     """Continues from `state_dict()`'s counters (a resumed run with its replay restored): the
@@ -145,4 +165,6 @@ class SampleToInsertRatio:
       self.inserted, self.sampled = int(state["inserted"]), int(state["sampled"])
       warm = state["warm_inserted"]
       self.warm_inserted = None if warm is None else int(warm)
+      ref = state.get("ref")  # absent in checkpoints from before SPI could move
+      self._ref = None if ref is None else (int(ref[0]), int(ref[1]), float(ref[2]))
       self._cond.notify_all()

@@ -1,160 +1,343 @@
-"""--balance=auto: adapts the production side to the learner, inside the hard lag cap.
+"""--balance=auto's decisions: a pure controller over measured windows (no threads, no clock).
 
-Every `balance_every_s` the balancer looks at the last window: the learner's idle fraction
-(waiting for rollouts) and the mean policy lag learned from. Idle learner -> one more actor may
-produce; lag above target while the learner is busy -> one fewer. If a pause for lag leaves the
-learner idle, it is undone and the balancer does not pause for lag below that count again
-(a floor): the lag target is not worth a starved learner, and without the floor the two rules
-alternate every step (measured: BUILD_NOTES.md, issue 5). Before pausing, the balancer checks
-production against consumption: the active actors' rate while not blocked (rollouts per
-actor-second) times one actor fewer must still cover what the learner takes per busy second;
-if not, the pause would only starve the learner, so it holds (the pause it then undid left the
-learner idle ~6% of the run in the balance suite). The cap K is enforced by the rate
-controller regardless; the balancer only moves the operating point below it, where staleness
-costs less. Each decision is logged with its reason and kept for metrics.jsonl.
+TianJi keeps convergence under relaxed dependencies by balancing sample production against
+consumption. The plant it steers: `active` actors make rollouts at `actor_rate` each while not
+blocked; the learner takes U rollouts per update at `learner_rate` rollouts per busy second; the
+rate controller grants at most F tickets (rollouts started, not yet learned from), with
+U <= F <= (K + 1) U, so the lag cap K holds whatever the controller asks. Each window it gets the
+measurements (`Window`) and may move one lever (`Setting`), then lets `settle` windows pass so
+that the next measurements show the move's effect.
+
+learner idle over `target_idle` (production is short):
+  - actors wait on tickets over `target_blocked`: F rises to (K + 1) U; at (K + 1) U, U rises to
+    the smallest value whose (K + 1) U covers every active actor's slots, or, if it covers them
+    already, doubles (the learner waits for rollouts started only once new params exist: more
+    in flight per version hides that wait, at no more lag); where U may not rise and the actors
+    wait more than twice their target, one actor pauses (the tickets, not the hands, are short:
+    fewer hands wait less);
+  - actors do not wait: a paused actor resumes; for replay the SPI target rises;
+  - otherwise every lever is at its limit: production-bound (said once).
+learner busy (consumption is short):
+  - mean lag over `target_lag`: F falls by one, down to a floor; at the floor U doubles with F
+    at 2F - 1, which halves the lag step (the lag of a full pipeline is (F - U) / U versions);
+  - actors mostly blocked with the learner fully fed: one actor pauses if the others still make
+    what it takes; for replay, actors blocked over `target_blocked`: the SPI target falls;
+  - otherwise the operating point is reached.
+
+Every move is an experiment judged by the first window after it settles. One that lowered the
+throughput (rollouts learned per second) by more than `rate_cost`, or, for a move that takes
+production away, raised the learner's idle by more than `idle_cost`, is undone and becomes a
+bound for that lever (a floor of F at that U, of the active actors; a ceiling of U, of the
+active actors); a resume that gained nothing is undone too. Without bounds the lag rule and the
+idle rule would alternate every window; with them each experiment is made once. On a host whose
+cores the actors share with the learner, a larger U can cost throughput (more runnable threads
+than cores): the judge finds that and pauses actors instead. Bounds are forgotten when the
+learner's rate, at a setting held for several windows, moves by more than `replan` (a second job
+on the device, a bigger network): the point they mark has moved. Every decision carries its
+reason and the measurements behind it.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import threading
-import time
-from typing import Any
-
-from absl import logging
+import math
 
 
-class ActorGate:
-  """Which actors may start a rollout. A paused actor waits here (with a timeout) instead of
-  asking for a permit, so it holds no ticket while paused."""
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """The levers. `in_flight` is F; `samples_per_insert` is None for on-policy learners."""
 
-  def __init__(self, num_actors: int, active: int | None = None):
-    self.num_actors = num_actors
-    self._active = num_actors if active is None else active
-    self._cond = threading.Condition()
+  rollouts_per_update: int
+  in_flight: int
+  active_actors: int
+  samples_per_insert: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+  """One control window's measurements (fractions of its wall time, rates per second)."""
+
+  learner_idle: float  # the learner waited for data with nothing to compute
+  actors_blocked: float  # the active actors waited on tickets (or the learner's inserts)
+  actor_rate: float  # rollouts per active actor per second not blocked
+  learner_rate: float  # rollouts learned per busy learner second
+  consumed: int  # rollouts learned from in the window
+  lag_mean: float | None  # over those rollouts; None when none was learned
+  lag_max: int | None = None
+  seconds: float = 1.0
 
   @property
-  def active(self) -> int:
-    return self._active
-
-  def set_active(self, n: int) -> None:
-    with self._cond:
-      self._active = max(1, min(self.num_actors, n))
-      self._cond.notify_all()
-
-  def wait_active(self, index: int, timeout: float) -> bool:
-    with self._cond:
-      return self._cond.wait_for(lambda: index < self._active, timeout)
+  def throughput(self) -> float:
+    return self.consumed / max(self.seconds, 1e-9)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+  """What the controller may do and what it steers to, fixed for a run."""
+
+  num_actors: int
+  max_lag: int | None  # K; None when free running (no cap: F and U are not moved)
+  u_choices: tuple[int, ...]  # the U values allowed (compilable, dividing the minibatches)
+  slots_per_actor: int = 1  # rollouts an actor wants in flight (2 with async EnvPool)
+  spi_range: tuple[float, float] | None = None  # replay: the SPI target's band
+  spi_steps: int = 4  # moves from the centre of the band to an edge
+  target_lag: float = 0.5
+  target_idle: float = 0.2
+  target_blocked: float = 0.15
+  settle: int = 1
+  idle_cost: float = 0.05  # learner idle a move may add before it is undone
+  rate_cost: float = 0.05  # throughput a move may cost before it is undone
+  replan: float = 0.5
+
+  def __post_init__(self):
+    if not self.u_choices or min(self.u_choices) < 1:
+      raise ValueError(f"u_choices must be positive, got {self.u_choices}")
+    if self.max_lag is not None and self.target_lag > self.max_lag:
+      raise ValueError(f"target_lag {self.target_lag} is above the cap K = {self.max_lag}")
+
+  def cap(self, u: int) -> int:
+    """The most tickets U allows under K."""
+    return (self.max_lag + 1) * u if self.max_lag is not None else u
+
+  @property
+  def moves_flight(self) -> bool:
+    return self.max_lag is not None
+
+
+@dataclasses.dataclass(frozen=True)
 class Decision:
-  wall_s: float
-  active: int
+  setting: Setting
+  lever: str  # in_flight+/-, rollouts_per_update+/-, active_actors+/-, samples_per_insert+/-,
+  # or hold (nothing moved: the reason says why a target is not met)
   reason: str
+  window: Window
 
 
-class Balancer:
-  """Reads the learner's idle time and the controller's lag histogram; moves the gate."""
+@dataclasses.dataclass(frozen=True)
+class _Trial:
+  kind: str  # the move: a lever and direction, or "finer" (U up, for lag)
+  before: Setting
+  window: Window  # the last window before it
 
-  def __init__(self, gate: ActorGate, learner: Any, controller: Any, target_lag: float,
-               target_idle: float, every_s: float, actors: list[Any] | None = None):
-    self.gate, self.learner, self.controller = gate, learner, controller
-    self.actors = actors or []  # their timers give the production capacity (none: unchecked)
-    self._last_actor = self._actor_counts()
-    self._held = False  # a hold for capacity was logged (once: it repeats every window)
-    self._capacity = (0.0, 0.0)  # last window: rollouts/s per unblocked actor, learner's take
-    self.target_lag, self.target_idle, self.every_s = target_lag, target_idle, every_s
+
+_TAKES_PRODUCTION = ("in_flight-", "finer", "active_actors-")
+
+
+class BalanceController:
+  """`step(window)` -> a Decision (the new setting and why), or None (nothing to move)."""
+
+  def __init__(self, bounds: Bounds, setting: Setting):
+    self.bounds = bounds
+    self.setting = setting
     self.decisions: list[Decision] = []
-    self._unlogged: list[Decision] = []
-    self._last_t = time.time()
-    self._last_idle = 0.0
-    self._last_hist: dict[int, int] = {}
-    self.floor = 1  # the lag rule never pauses below this many active actors
-    self._paused_for_lag = False  # the last decision paused an actor for lag
+    self._settling = 0
+    self._trial: _Trial | None = None
+    self._floor_flight: dict[int, int] = {}  # U -> the lowest F that kept the learner fed
+    self._no_finer: set[int] = set()  # U values a finer U starved
+    self._floor_active = 1
+    self._ceiling_active = bounds.num_actors
+    self._ceiling_u = max(bounds.u_choices)
+    self._rates: float | None = None  # the learner's rate when the bounds were set
+    self._recent: collections.deque = collections.deque(maxlen=5)
+    self._held: set[str] = set()  # holds already said (they would repeat every window)
 
-  def _actor_counts(self) -> list[tuple[int, float]]:
-    """(rollouts delivered, seconds blocked or paused) per actor, cumulative."""
-    snaps = [a.timers.snapshot() for a in self.actors]
-    return [(t.rollouts, t.permit_s + t.put_s + t.paused_s) for t in snaps]
-
-  def _window(self) -> tuple[float, float | None, bool]:
-    """The last window's learner idle fraction, mean lag learned from, and whether one actor
-    fewer could still feed the learner."""
-    now = time.time()
-    idle = self.learner.timers.idle_s
-    hist = dict(self.controller.lag_hist)
-    counts = self._actor_counts()
-    dt = max(now - self._last_t, 1e-9)
-    idle_frac = (idle - self._last_idle) / dt
-    delta = {k: v - self._last_hist.get(k, 0) for k, v in hist.items()}
-    n = sum(delta.values())
-    lag_mean = sum(k * v for k, v in delta.items()) / n if n else None
-    feeds = True
-    active = list(zip(counts, self._last_actor, strict=True))[:self.gate.active]
-    if active:
-      made = sum(max(c[0] - last[0], 0) for c, last in active)
-      free = sum(max(dt - (c[1] - last[1]), 0.0) for c, last in active)
-      per_actor = made / free if free > 0 else float("inf")  # rollouts per unblocked second
-      takes = n / max(dt * (1.0 - idle_frac), 1e-9)  # rollouts per busy learner second
-      feeds = (self.gate.active - 1) * per_actor >= takes
-      self._capacity = (per_actor, takes)
-    self._last_t, self._last_idle, self._last_hist = now, idle, hist
-    self._last_actor = counts
-    return idle_frac, lag_mean, feeds
-
-  def step(self, wall_s: float) -> Decision | None:
-    """One control step; call every `every_s` seconds. Returns the decision, if any."""
-    idle_frac, lag_mean, feeds = self._window()
-    if lag_mean is None:
-      return None  # nothing was learned in the window: no evidence either way
-    active = self.gate.active
-    # Production is throttled for lag only while the learner is the bottleneck: pausing an
-    # actor while the learner idles would cut consumption as well (the lag sweep measured that:
-    # BUILD_NOTES.md, "Balance of production and consumption"); the cap K bounds the lag then.
-    busy = idle_frac < self.target_idle
-    per_actor, takes = self._capacity
-    pause = lag_mean > self.target_lag and busy and active > self.floor  # for lag
-    if pause and not feeds:
-      if self._held:
-        return None
-      # Kept as a decision (once: it would repeat every window), so the run's record says why
-      # the lag stayed above target.
-      reason = (f"mean lag {lag_mean:.2f} > target {self.target_lag:.2f}, but {active - 1} "
-                f"actors make {(active - 1) * per_actor:.1f} rollouts/s and the learner takes "
-                f"{takes:.1f}: holding {active}")
-      self._held = True
-      return self._decide(wall_s, active, reason)
-    if pause:  # and the other actors can feed the learner
-      reason = (f"mean lag {lag_mean:.2f} > target {self.target_lag:.2f} with the learner busy "
-                f"(idle {100 * idle_frac:.0f}% < {100 * self.target_idle:.0f}%)")
-      if self.actors:
-        reason += (f" and {active - 1} actors make {(active - 1) * per_actor:.1f} rollouts/s "
-                   f">= the {takes:.1f} it takes")
-      reason += ": one actor fewer"
-      active -= 1
-      paused_for_lag = True
-    elif not busy and active < self.gate.num_actors:
-      reason = (f"learner idle {100 * idle_frac:.0f}% >= {100 * self.target_idle:.0f}%: "
-                f"one actor more")
-      active += 1
-      if self._paused_for_lag:
-        self.floor = active
-        reason += f"; the pause for lag starved it: not below {active} for lag again"
-      paused_for_lag = False
-    else:
+  def step(self, w: Window) -> Decision | None:
+    if self._settling > 0:
+      self._settling -= 1
       return None
-    self._paused_for_lag = paused_for_lag
-    return self._decide(wall_s, active, reason)
+    if w.consumed == 0 or w.lag_mean is None:
+      return None  # nothing was learned: no evidence about consumption
+    trial, self._trial = self._trial, None
+    if trial is not None:
+      undo = self._judge(trial, w)
+      if undo is not None:
+        return undo
+    self._replan(w)
+    if w.learner_idle > self.bounds.target_idle:
+      return self._produce_more(w)
+    return self._consume_faster(w)
 
-  def _decide(self, wall_s: float, active: int, reason: str) -> Decision:
-    self.gate.set_active(active)
-    decision = Decision(wall_s, active, reason)
+  def _judge(self, trial: _Trial, w: Window) -> Decision | None:
+    """Undoes the last move if it cost throughput (or gained nothing, for a resume), and keeps
+    what it learned as a bound."""
+    b, s, before = self.bounds, self.setting, trial.window
+    cost = w.throughput < (1 - b.rate_cost) * before.throughput
+    if trial.kind in _TAKES_PRODUCTION:
+      cost = cost or w.learner_idle > max(before.learner_idle, 0.0) + b.idle_cost
+    if trial.kind == "active_actors+":
+      cost = w.throughput < (1 + b.rate_cost / 2) * before.throughput
+    if not cost:
+      return None
+    what = (f"throughput {w.throughput:.1f} rollouts/s (was {before.throughput:.1f}), learner "
+            f"idle {100 * w.learner_idle:.0f}% (was {100 * before.learner_idle:.0f}%) after "
+            f"{trial.kind}")
+    back = trial.before
+    if trial.kind == "in_flight-":
+      self._floor_flight[s.rollouts_per_update] = back.in_flight
+      bound = f"F stays >= {back.in_flight} at U = {s.rollouts_per_update}"
+    elif trial.kind == "finer":
+      self._no_finer.add(back.rollouts_per_update)
+      bound = f"U stays {back.rollouts_per_update} for lag"
+    elif trial.kind == "rollouts_per_update+":
+      self._ceiling_u = back.rollouts_per_update
+      bound = f"U stays <= {back.rollouts_per_update}"
+    elif trial.kind == "active_actors-":
+      self._floor_active = back.active_actors
+      bound = f"actors stay >= {back.active_actors}"
+    elif trial.kind == "active_actors+":
+      self._ceiling_active = back.active_actors
+      bound = f"actors stay <= {back.active_actors}"
+    else:
+      bound = "not again at this point"
+    return self._move(back, "undo", w, f"{what}: undone; {bound}", judged=False)
+
+  # -- the two sides -------------------------------------------------------------------------
+
+  def _produce_more(self, w: Window) -> Decision | None:
+    b, s = self.bounds, self.setting
+    idle = f"learner idle {100 * w.learner_idle:.0f}% > {100 * b.target_idle:.0f}%"
+    blocked = w.actors_blocked > b.target_blocked
+    why_blocked = f"actors blocked {100 * w.actors_blocked:.0f}% > {100 * b.target_blocked:.0f}%"
+    if blocked and b.moves_flight and s.in_flight < b.cap(s.rollouts_per_update):
+      f = b.cap(s.rollouts_per_update)
+      return self._move(dataclasses.replace(s, in_flight=f), "in_flight+", w,
+                        f"{idle}, {why_blocked}: F up to (K + 1) U = {f}")
+    if blocked and b.moves_flight:
+      slots = s.active_actors * b.slots_per_actor
+      u = self._u_covering(slots)
+      why = f"(K + 1) U = {b.cap(u)} tickets cover {s.active_actors} actors' {slots} slots"
+      if u <= s.rollouts_per_update:  # they do already: the wait is the pipeline's latency
+        u = self._u_finer(s.rollouts_per_update) or u
+        why = "more rollouts in flight per version cover the wait for new params"
+      if s.rollouts_per_update < u <= self._ceiling_u:
+        return self._move(Setting(u, b.cap(u), s.active_actors, s.samples_per_insert),
+                          "rollouts_per_update+", w,
+                          f"{idle}, {why_blocked} with F at (K + 1) U: U up to {u}: {why}")
+    # Fewer hands only where waiting dominates (tickets short by far, not at the margin).
+    if w.actors_blocked > max(2 * b.target_blocked, 0.3) and s.active_actors > self._floor_active:
+      return self._move(dataclasses.replace(s, active_actors=s.active_actors - 1),
+                        "active_actors-", w, f"{idle}, {why_blocked} with U at its limit "
+                        f"{s.rollouts_per_update}: the tickets are short, not the hands: one "
+                        "actor fewer")
+    if not blocked and s.active_actors < min(b.num_actors, self._ceiling_active):
+      return self._move(dataclasses.replace(s, active_actors=s.active_actors + 1),
+                        "active_actors+", w, f"{idle}, every active actor working: one more")
+    spi = self._spi(+1)
+    if spi is not None:
+      return self._move(dataclasses.replace(s, samples_per_insert=spi), "samples_per_insert+",
+                        w, f"{idle}: the learner samples more per insert, SPI target {spi:.2f}")
+    return self._hold("production", w, f"{idle} with every lever at its limit "
+                      f"({'actors wait on tickets' if blocked else 'every actor working'}): "
+                      "production-bound")
+
+  def _consume_faster(self, w: Window) -> Decision | None:
+    b, s = self.bounds, self.setting
+    busy = f"learner busy (idle {100 * w.learner_idle:.0f}% <= {100 * b.target_idle:.0f}%)"
+    u = s.rollouts_per_update
+    if b.moves_flight and w.lag_mean > b.target_lag:
+      lag = f"mean lag {w.lag_mean:.2f} > target {b.target_lag:.2f}"
+      floor = max(self._floor_flight.get(u, u), u)
+      if s.in_flight > floor:
+        return self._move(dataclasses.replace(s, in_flight=s.in_flight - 1), "in_flight-", w,
+                          f"{lag}, {busy}: F down to {s.in_flight - 1}")
+      finer = self._u_finer(u)
+      if (finer is not None and finer <= self._ceiling_u and s.in_flight > u
+          and u not in self._no_finer):
+        f = min(2 * s.in_flight - 1, b.cap(finer))
+        return self._move(Setting(finer, f, s.active_actors, s.samples_per_insert), "finer", w,
+                          f"{lag}, {busy}, F at its floor {s.in_flight}: U up to {finer} with "
+                          f"F = {f}, a finer lag step ({1 / finer:.2f} versions)")
+      return self._hold("lag", w, f"{lag}, but F is at its floor {s.in_flight} for U = {u}: "
+                        "less lag would idle the learner")
+    # A pause frees nothing a blocked actor holds, and one actor fewer adds latency (the next
+    # batch is made by fewer hands once new params exist); so only with the actors mostly
+    # waiting and the learner fully fed (idle under a quarter of its target).
+    if (w.actors_blocked > max(2 * b.target_blocked, 0.5) and w.learner_idle < b.target_idle / 4
+        and s.active_actors > self._floor_active):
+      left = (s.active_actors - 1) * w.actor_rate
+      if left >= w.learner_rate * (1 + b.idle_cost):
+        return self._move(dataclasses.replace(s, active_actors=s.active_actors - 1),
+                          "active_actors-", w,
+                          f"{busy}, actors blocked {100 * w.actors_blocked:.0f}%: one actor "
+                          f"fewer ({s.active_actors - 1} make {left:.1f} rollouts/s >= the "
+                          f"{w.learner_rate:.1f} it takes)")
+    if w.actors_blocked > b.target_blocked:
+      spi = self._spi(-1)
+      if spi is not None:
+        return self._move(dataclasses.replace(s, samples_per_insert=spi),
+                          "samples_per_insert-", w, f"{busy}, actors blocked "
+                          f"{100 * w.actors_blocked:.0f}%: SPI target down to {spi:.2f}")
+    return None  # the operating point: learner busy, lag within target
+
+  # -- levers --------------------------------------------------------------------------------
+
+  def _u_covering(self, slots: int) -> int:
+    """The smallest allowed U whose (K + 1) U covers `slots` (else the largest)."""
+    b = self.bounds
+    for u in sorted(b.u_choices):
+      if b.cap(u) >= slots:
+        return u
+    return max(b.u_choices)
+
+  def _u_finer(self, u: int) -> int | None:
+    """2U if allowed (else the next allowed above U)."""
+    above = sorted(c for c in self.bounds.u_choices if c > u)
+    if not above:
+      return None
+    return 2 * u if 2 * u in above else above[0]
+
+  def _spi(self, direction: int) -> float | None:
+    b, s = self.bounds, self.setting
+    if b.spi_range is None or s.samples_per_insert is None:
+      return None
+    lo, hi = b.spi_range
+    step = (hi - lo) / (2 * b.spi_steps)
+    spi = min(max(s.samples_per_insert + direction * step, lo), hi)
+    return spi if not math.isclose(spi, s.samples_per_insert) else None
+
+  def _replan(self, w: Window) -> None:
+    """Forgets the bounds when the learner's rate moved at a held setting (they marked the
+    old plant's point). Medians of five windows, so a few noisy ones do not."""
+    self._recent.append(w.learner_rate)
+    if len(self._recent) < self._recent.maxlen:
+      return
+    rate = sorted(self._recent)[len(self._recent) // 2]
+    if self._rates is None:
+      self._rates = rate
+    elif rate > 0 and abs(rate - self._rates) > self.bounds.replan * self._rates:
+      self._rates = rate
+      self._recent.clear()
+      self._floor_flight.clear()
+      self._no_finer.clear()
+      self._floor_active, self._ceiling_active = 1, self.bounds.num_actors
+      self._ceiling_u = max(self.bounds.u_choices)
+
+  def _move(self, setting: Setting, kind: str, w: Window, reason: str,
+            judged: bool = True) -> Decision:
+    b = self.bounds
+    if b.max_lag is not None:  # the cap holds whatever the rules above computed
+      assert setting.rollouts_per_update <= setting.in_flight <= b.cap(
+          setting.rollouts_per_update), setting
+    assert 1 <= setting.active_actors <= b.num_actors, setting
+    if judged:
+      self._trial = _Trial(kind, self.setting, w)
+    lever = "rollouts_per_update+" if kind == "finer" else kind
+    self.setting = setting
+    self._settling = b.settle
+    self._held.clear()
+    self._recent.clear()  # the learner's rate at the new setting is measured afresh
+    self._rates = None
+    decision = Decision(setting, lever, reason, w)
     self.decisions.append(decision)
-    self._unlogged.append(decision)
-    logging.info("balance: %s (active actors %d)", reason, active)
     return decision
 
-  def take_unlogged(self) -> list[dict[str, Any]]:
-    out, self._unlogged = [dataclasses.asdict(d) for d in self._unlogged], []
-    return out
+  def _hold(self, kind: str, w: Window, reason: str) -> Decision | None:
+    """A hold is kept as a decision once (it would repeat every window), so the run's record
+    says why a target was not met."""
+    if kind in self._held:
+      return None
+    self._held.add(kind)
+    decision = Decision(self.setting, "hold", reason, w)
+    self.decisions.append(decision)
+    return decision

@@ -1,0 +1,75 @@
+"""The balance controller against a simulated plant (tools/balance_plant.py): the real rate
+controller and the real BalanceController, actors and a learner in virtual time. It must reach
+the operating point within a few windows, hold it (no oscillation), never let a rollout exceed
+the cap K, and follow a learner that slows down and speeds up again."""
+
+import statistics
+
+from tools.balance_plant import Plant, simulate
+
+
+def phase(out, t0, t1):
+  """Means over the windows in [t0, t1) and the settings in force there."""
+  rows = [r for r in out["records"] if t0 <= r["t"] < t1]
+  mean = lambda k: statistics.mean(r[k] for r in rows if r[k] is not None)
+  return {"sps": mean("sps"), "idle": mean("learner_idle"), "blocked": mean("actors_blocked"),
+          "lag": mean("lag_mean"), "settings": {r["in_force"] for r in rows}}
+
+
+def moves(out, t0, t1=float("inf")):
+  return [d for t, d in out["moves"] if t0 <= t < t1]
+
+
+def best_fixed(plant, us, horizon, window_s):
+  return max(phase(simulate(Plant(**{**plant.__dict__, "rollouts_per_update": u}), horizon,
+                            window_s, auto=False), horizon / 4, horizon)["sps"] for u in us)
+
+
+def test_fast_learner_auto_unblocks_the_actors_within_a_few_windows():
+  """6 actors, K = 1, U = 1 (2 tickets): actors blocked ~70%, learner idle ~95% (the CPU
+  regime of the issue). Auto raises U until the tickets cover the actors."""
+  plant = Plant(actors=6, max_lag=1, actor_s=1.0, rollout_s=0.02)
+  fixed = phase(simulate(plant, 200, auto=False), 50, 200)
+  assert fixed["blocked"] > 0.6 and fixed["idle"] > 0.9
+  out = simulate(plant, 200)
+  # There in at most 3 moves (U: 1 -> 3 covers the 6 actors at once; then larger batches hide
+  # the wait for new params while the blocked time hovers at its target) and it stays.
+  assert len(moves(out, 0)) <= 3 and not moves(out, 60)
+  after = phase(out, 60, 200)
+  assert after["blocked"] < 0.25 and after["idle"] > 0.5 and len(after["settings"]) == 1
+  assert after["sps"] >= 0.95 * best_fixed(plant, (1, 2, 3, 6, 12), 200, 2.0)
+  assert out["max_lag"] <= 1 and out["dropped"] == 0
+
+
+def test_learner_bound_auto_keeps_the_throughput_and_brings_the_lag_to_target():
+  """2 fast actors, a slow learner, K = 1: the full pipeline has lag 1; auto lowers it to the
+  target without costing more than 5% of the best fixed setting's throughput."""
+  plant = Plant(actors=2, max_lag=1, actor_s=0.2, rollout_s=1.0)
+  assert phase(simulate(plant, 600, 10.0, auto=False), 150, 600)["lag"] > 0.5
+  out = simulate(plant, 600, 10.0)
+  after = phase(out, 300, 600)
+  assert after["lag"] <= 0.5 + 1e-9
+  assert after["sps"] >= 0.95 * best_fixed(plant, (1, 2, 4), 600, 10.0)
+  assert not moves(out, 300) and out["max_lag"] <= 1 and out["dropped"] == 0
+
+
+def test_a_learner_that_slows_down_and_recovers_is_followed():
+  """A second job on the device makes each rollout's update 25x dearer from t = 150 s to
+  300 s. The controller must keep the cap and the targets in each phase."""
+  plant = Plant(actors=6, max_lag=1, actor_s=1.0, rollout_s=0.02,
+                changes=((150.0, 0.5), (300.0, 0.02)))
+  out = simulate(plant, 450)
+  fast, slow, again = phase(out, 100, 150), phase(out, 250, 300), phase(out, 400, 450)
+  assert fast["blocked"] < 0.25 and again["blocked"] < 0.25
+  # Slow: learner-bound at 1 / 0.5 = 2 rollouts per busy second at most.
+  assert slow["sps"] >= 0.75 * 2.0 and slow["lag"] <= 1.0
+  assert again["sps"] >= 0.95 * fast["sps"]
+  assert not moves(out, 400) and out["max_lag"] <= 1 and out["dropped"] == 0
+
+
+def test_the_cap_holds_for_every_k_and_plant():
+  for k in (0, 1, 2):
+    for actor_s, rollout_s in ((1.0, 0.02), (0.2, 1.0), (0.5, 0.1)):
+      plant = Plant(actors=4, max_lag=k, actor_s=actor_s, rollout_s=rollout_s, seed=k)
+      out = simulate(plant, 200, target_lag=min(0.5, k))
+      assert out["max_lag"] <= k and out["dropped"] == 0, (k, actor_s, rollout_s)
