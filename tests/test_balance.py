@@ -291,3 +291,29 @@ def test_a_run_under_auto_moves_u_compiles_it_and_keeps_the_cap(tmp_path):
       s["dropped_lag_hist"], [(d["wall_s"], d["lever"], d["rollouts_per_update"], d["in_flight"])
                               for d in s["balance_decisions"]])
   assert s["stop_reason"] == "budget"
+
+
+def test_bounds_follow_the_run_u_moves_only_where_nothing_counts_updates():
+  from types import SimpleNamespace as NS
+
+  from jaxrl_async.runtime.pipeline.balancer import make_bounds, queue_capacity
+
+  on_policy = NS(off_policy=False, fixed_batch=False)
+  config = small_config(num_actors=4, max_policy_lag=1, num_envs=3, num_minibatches=2,
+                        rollouts_per_update=2, balance="auto")
+  b = make_bounds(config, on_policy, multi_process=False)
+  assert b.u_choices == (2, 4) and b.max_lag == 1 and b.spi_range is None  # 3 envs x U / 2
+  assert queue_capacity(config, b) == 8  # (K + 1) x the largest U
+  assert make_bounds(config, on_policy, multi_process=True).u_choices == (2,)
+  annealed = NS(off_policy=False, fixed_batch=True)
+  assert make_bounds(config, annealed, multi_process=False).u_choices == (2,)
+  replay = NS(off_policy=True, fixed_batch=False)
+  dqn = small_config(algo="dqn", free_running=True, batch_size=8, min_replay_size=100,
+                     replay_size=1_000, samples_per_insert=8.0, spi_tolerance=2.0,
+                     balance="auto")
+  limiter = SampleToInsertRatio(8.0, 100, 400.0, insert_chunk=64, sample_chunk=8)
+  b = make_bounds(dqn, replay, multi_process=False, limiter=limiter)
+  assert b.max_lag is None and b.u_choices == (1,) and b.spi_range == (6.0, 10.0)
+  wide = small_config(**{**dqn.to_flat(), "spi_tolerance": 5.0})
+  # The top is where the error buffer stops covering a chunk of each: (2 x 400 - 8) / 64.
+  assert make_bounds(wide, replay, False, limiter).spi_range == (4.0, 12.375)

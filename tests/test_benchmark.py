@@ -372,3 +372,14 @@ def test_balance_grid_judges_auto_against_the_best_and_median_fixed_setting():
   assert v["best_fixed"] == "U=1 N=6" and v["auto_vs_best"] == pytest.approx(0.9)
   assert v["median_fixed_sps"] == 20.0
   assert "auto against the fixed settings" in balance_grid.tables(rows)
+
+
+def test_balance_verdict_reports_the_speed_up_over_synchronous_training():
+  row = lambda lag, mode, t: {"task": "T", "max_policy_lag": lag, "balance": mode,
+                              "solved": True, "solved_wall_s": t}
+  rows = [row(0, "off", 10.0), row(0, "off", 10.0), row(1, "off", 5.0), row(1, "off", 5.0),
+          row(1, "auto", 4.0), row(1, "auto", 4.0)]
+  [v] = lag_sweep.balance_verdict(rows)
+  assert v["speedup_vs_sync"] == pytest.approx(2.5) and v["speedup_vs_sync_90%"] == "2.50-2.50"
+  [v] = lag_sweep.balance_verdict([r for r in rows if r["max_policy_lag"] != 0])
+  assert math.isnan(v["speedup_vs_sync"])

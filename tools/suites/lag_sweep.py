@@ -148,11 +148,14 @@ def times_by_setting(rows: list[dict[str, Any]], budget_s: float
 
 
 def _ratios(times: dict[tuple[Any, Any, str], list[float]], task: Any, lag: Any
-            ) -> tuple[float, float]:
-  """auto's median time at `lag` over the best and over the median of the fixed medians."""
+            ) -> tuple[float, float, float]:
+  """auto's median time at `lag` over the best and over the median of the fixed medians, and
+  synchronous training's (K = 0, off) over auto's: the convergence-time speed-up (nan without
+  a K = 0 run)."""
   fixed = sorted(median(v) for (t, _, b), v in times.items() if t == task and b == "off")
   auto = median(times[task, lag, "auto"])
-  return auto / fixed[0], auto / median(fixed)
+  sync = times.get((task, 0, "off"))
+  return auto / fixed[0], auto / median(fixed), median(sync) / auto if sync else math.nan
 
 
 def balance_verdict(rows: list[dict[str, Any]], budget_s: float = math.inf, draws: int = 2000,
@@ -171,7 +174,7 @@ def balance_verdict(rows: list[dict[str, Any]], budget_s: float = math.inf, draw
     if balance != "auto" or not fixed:
       continue
     best_key = min(fixed, key=fixed.get)
-    vs_best, vs_median = _ratios(times, task, lag)
+    vs_best, vs_median, speedup = _ratios(times, task, lag)
     boot = [_ratios({k: rng.choices(v, k=len(v)) for k, v in times.items()}, task, lag)
             for _ in range(draws)]
     out.append({
@@ -181,7 +184,8 @@ def balance_verdict(rows: list[dict[str, Any]], budget_s: float = math.inf, draw
         "best_fixed_s": fixed[best_key], "median_fixed_s": median(list(fixed.values())),
         "auto_vs_best": vs_best, "auto_vs_best_90%": lo_hi(sorted(b[0] for b in boot)),
         "auto_vs_median": vs_median, "auto_vs_median_90%": lo_hi(sorted(b[1] for b in boot)),
-        "within_10%_of_best": vs_best <= 1.1, "beats_median": vs_median < 1.0})
+        "within_10%_of_best": vs_best <= 1.1, "beats_median": vs_median < 1.0,
+        "speedup_vs_sync": speedup, "speedup_vs_sync_90%": lo_hi(sorted(b[2] for b in boot))})
   return out
 
 
@@ -195,7 +199,8 @@ def tables(rows: list[dict[str, Any]], budget_s: float = math.inf) -> str:
           + md_table(balance_verdict(rows, budget_s),
                      ["task", "K", "auto_time_s", "best_fixed", "best_fixed_s", "median_fixed_s",
                       "auto_vs_best", "auto_vs_best_90%", "auto_vs_median",
-                      "auto_vs_median_90%", "within_10%_of_best", "beats_median"])
+                      "auto_vs_median_90%", "within_10%_of_best", "beats_median",
+                      "speedup_vs_sync", "speedup_vs_sync_90%"])
           + "\n## Every run\n\n"
           + md_table(rows, ["task", "max_policy_lag", "balance", "lag_weighting", "seed",
                             "solved", "solved_wall_s", "solved_env_steps", "sps",
