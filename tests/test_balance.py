@@ -39,9 +39,30 @@ def test_an_idle_learner_with_blocked_actors_gets_more_tickets_then_a_larger_u()
   # (K + 1) U must cover 4 actors' slots: U = 2 gives 4 tickets.
   assert d.lever == "rollouts_per_update+" and c.setting == Setting(2, 4, 4)
   assert "cover 4 actors' 4 slots" in d.reason
-  d = c.step(window(idle=0.8, blocked=0.05))  # every actor working: production-bound, said once
+  # Every actor working, the learner still idle: probe a larger U, then one actor fewer; each
+  # costs throughput here, so each is undone into a bound; then production-bound, said once.
+  d = c.step(window(idle=0.8, blocked=0.05))
+  assert d.lever == "rollouts_per_update+" and "probing U = 4" in d.reason
+  d = c.step(window(idle=0.8, blocked=0.05, consumed=15))
+  assert d.lever == "undo" and c.setting == Setting(2, 4, 4)
+  d = c.step(window(idle=0.8, blocked=0.05))
+  assert d.lever == "active_actors-" and "probing 3 actors" in d.reason
+  d = c.step(window(idle=0.8, blocked=0.05, consumed=15))
+  assert d.lever == "undo" and c.setting == Setting(2, 4, 4)
+  d = c.step(window(idle=0.8, blocked=0.05))
   assert d.lever == "hold" and "production-bound" in d.reason
   assert c.step(window(idle=0.8, blocked=0.05)) is None and c.setting == Setting(2, 4, 4)
+
+
+def test_a_probe_that_does_not_cost_is_kept_and_not_resumed_away():
+  c = controller(u=8, f=16)  # U at its largest: the probe is one actor fewer
+  assert c.step(window(idle=0.8)).lever == "active_actors-" and c.setting.active_actors == 3
+  assert c.step(window(idle=0.85)).lever == "active_actors-"  # kept; the next probe
+  assert c.setting.active_actors == 2
+  d = c.step(window(idle=0.9, consumed=12))  # 2 actors cost 40%: back to 3, not fewer again
+  assert d.lever == "undo" and c.setting.active_actors == 3
+  d = c.step(window(idle=0.85))  # no resume to 4: 3 was chosen, and a probe of 2 failed
+  assert d.lever == "hold" and c.setting.active_actors == 3
 
 
 def test_async_actors_want_two_slots_each():
@@ -65,7 +86,8 @@ def test_a_larger_u_that_costs_throughput_is_undone_and_actors_pause_instead():
   assert d.lever == "active_actors+" and c.setting.active_actors == 3
   d = c.step(window(idle=0.8, blocked=0.3))  # no gain: back, and not tried again
   assert d.lever == "undo" and c.setting.active_actors == 2 and "actors stay <= 2" in d.reason
-  assert c.step(window(idle=0.8, blocked=0.1)).lever == "hold"
+  d = c.step(window(idle=0.8, blocked=0.1))  # every actor working: probe one fewer
+  assert d.lever == "active_actors-" and "probing 1 actors" in d.reason
 
 
 def test_lag_over_target_lowers_f_and_a_fall_that_idles_the_learner_becomes_a_floor():
@@ -88,7 +110,7 @@ def test_an_idle_learner_never_pays_for_lag():
   """Production-bound: lowering F would cut consumption too; the cap K bounds the lag."""
   c = controller(u=2, f=4)
   d = c.step(window(idle=0.6, blocked=0.0, lag=1.0))
-  assert d.lever == "hold" and c.setting == Setting(2, 4, 4)
+  assert d.lever != "in_flight-" and c.setting.in_flight >= 4
 
 
 def test_a_pause_only_when_the_others_cover_the_learner_and_it_is_judged():
@@ -142,7 +164,8 @@ def test_replay_moves_the_spi_target_within_its_band():
   c = BalanceController(bounds, Setting(1, 4, 2, 8.0))
   assert c.step(window(idle=0.6)).setting.samples_per_insert == 9.0
   assert c.step(window(idle=0.6)).setting.samples_per_insert == 10.0
-  assert c.step(window(idle=0.6)).lever == "hold"  # the top of the band
+  d = c.step(window(idle=0.6))  # the top of the band: then a probe of one actor fewer
+  assert d.lever == "active_actors-" and d.setting.samples_per_insert == 10.0
   c = BalanceController(bounds, Setting(1, 4, 1, 8.0))
   for want in (7.0, 6.0):
     assert c.step(window(idle=0.0, blocked=0.5)).setting.samples_per_insert == want

@@ -16,6 +16,9 @@ learner idle over `target_idle` (production is short):
     wait more than twice their target, one actor pauses (the tickets, not the hands, are short:
     fewer hands wait less);
   - actors do not wait: a paused actor resumes; for replay the SPI target rises;
+  - actors do not wait and none is paused: probe a larger U, then one actor fewer, each
+    judged by throughput alone (where actors and learner share cores, fewer threads and fewer,
+    larger updates can make more: measured on this 2-core machine);
   - otherwise every lever is at its limit: production-bound (said once).
 learner busy (consumption is short):
   - mean lag over `target_lag`: F falls by one, down to a floor; at the floor U doubles with F
@@ -163,6 +166,8 @@ class BalanceController:
     what it learned as a bound."""
     b, s, before = self.bounds, self.setting, trial.window
     cost = w.throughput < (1 - b.rate_cost) * before.throughput
+    if trial.kind == "probe_active" and not cost:
+      self._ceiling_active = s.active_actors  # chosen on purpose: not resumed while it holds
     if trial.kind in _TAKES_PRODUCTION:
       cost = cost or w.learner_idle > max(before.learner_idle, 0.0) + b.idle_cost
     if trial.kind == "active_actors+":
@@ -179,10 +184,10 @@ class BalanceController:
     elif trial.kind == "finer":
       self._no_finer.add(back.rollouts_per_update)
       bound = f"U stays {back.rollouts_per_update} for lag"
-    elif trial.kind == "rollouts_per_update+":
+    elif trial.kind in ("rollouts_per_update+", "probe_u"):
       self._ceiling_u = back.rollouts_per_update
       bound = f"U stays <= {back.rollouts_per_update}"
-    elif trial.kind == "active_actors-":
+    elif trial.kind in ("active_actors-", "probe_active"):
       self._floor_active = back.active_actors
       bound = f"actors stay >= {back.active_actors}"
     elif trial.kind == "active_actors+":
@@ -227,6 +232,10 @@ class BalanceController:
     if spi is not None:
       return self._move(dataclasses.replace(s, samples_per_insert=spi), "samples_per_insert+",
                         w, f"{idle}: the learner samples more per insert, SPI target {spi:.2f}")
+    if not blocked:
+      probe = self._probe(w, idle)
+      if probe is not None:
+        return probe
     return self._hold("production", w, f"{idle} with every lever at its limit "
                       f"({'actors wait on tickets' if blocked else 'every actor working'}): "
                       "production-bound")
@@ -269,6 +278,22 @@ class BalanceController:
                           "samples_per_insert-", w, f"{busy}, actors blocked "
                           f"{100 * w.actors_blocked:.0f}%: SPI target down to {spi:.2f}")
     return None  # the operating point: learner busy, lag within target
+
+  def _probe(self, w: Window, idle: str) -> Decision | None:
+    """Production-bound with every actor working: where actors share cores with the learner,
+    a larger U (fewer, larger updates) or one actor fewer (fewer runnable threads) can make
+    more. Each is tried once, judged by throughput alone, and bounded if it costs."""
+    b, s = self.bounds, self.setting
+    if b.moves_flight:
+      u = self._u_finer(s.rollouts_per_update)
+      if u is not None and u <= self._ceiling_u:
+        return self._move(Setting(u, b.cap(u), s.active_actors, s.samples_per_insert),
+                          "probe_u", w, f"{idle}, every actor working: probing U = {u}")
+    if s.active_actors > self._floor_active:
+      return self._move(dataclasses.replace(s, active_actors=s.active_actors - 1),
+                        "probe_active", w, f"{idle}, every actor working: probing "
+                        f"{s.active_actors - 1} actors")
+    return None
 
   # -- levers --------------------------------------------------------------------------------
 
@@ -322,7 +347,8 @@ class BalanceController:
     assert 1 <= setting.active_actors <= b.num_actors, setting
     if judged:
       self._trial = _Trial(kind, self.setting, w)
-    lever = "rollouts_per_update+" if kind == "finer" else kind
+    lever = {"finer": "rollouts_per_update+", "probe_u": "rollouts_per_update+",
+             "probe_active": "active_actors-"}.get(kind, kind)
     self.setting = setting
     self._settling = b.settle
     self._held.clear()
