@@ -383,3 +383,15 @@ def test_balance_verdict_reports_the_speed_up_over_synchronous_training():
   assert v["speedup_vs_sync"] == pytest.approx(2.5) and v["speedup_vs_sync_90%"] == "2.50-2.50"
   [v] = lag_sweep.balance_verdict([r for r in rows if r["max_policy_lag"] != 0])
   assert math.isnan(v["speedup_vs_sync"])
+
+
+def test_balance_grid_names_a_bad_setting_before_running_anything(tmp_path, capsys):
+  from tools.suites import balance_grid
+
+  for argv in (["--settings", "auto:x:6"], ["--settings", "on:1:6"],
+               ["--regimes", "gpu", "--settings", "auto:1:6"]):
+    with pytest.raises(SystemExit) as e:
+      balance_grid.main([str(tmp_path), *argv])
+    assert e.value.code == 2
+  assert "--settings=on:1:6" in capsys.readouterr().err
+  assert not (tmp_path / "runs").exists()

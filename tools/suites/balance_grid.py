@@ -20,13 +20,15 @@ its lag and drops, beside the issue's thresholds.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
-from tools.bench_common import Progress, SuiteResult, md_table
+from tools.bench_common import Progress, SuiteResult, md_table, write_results
 from tools.suites.convergence import lag_mean, read_records, run_train
 
 K = 1
@@ -66,8 +68,14 @@ def steady(run_dir: Path, warmup_s: float) -> dict[str, Any]:
 
 def run(out_dir: Path, quick: bool, tiny: bool = False) -> SuiteResult:
   budget_s, warmup_s = (12.0, 6.0) if tiny else (30.0, 12.0) if quick else (45.0, 15.0)
+  return run_settings(out_dir, regimes(), settings(quick, tiny), budget_s, warmup_s)
+
+
+def run_settings(out_dir: Path, names: list[str], chosen: list[tuple[str, int, int]],
+                 budget_s: float, warmup_s: float) -> SuiteResult:
+  """One training run per (regime, setting), in order; rows with their steady state."""
   rows: list[dict[str, Any]] = []
-  grid = [(r, s) for r in regimes() for s in settings(quick, tiny)]
+  grid = [(r, s) for r in names for s in chosen]
   progress = Progress(len(grid), "balance_grid")
   for regime, (balance, u, n) in grid:
     preset, label, extra = REGIMES[regime]
@@ -85,8 +93,8 @@ def run(out_dir: Path, quick: bool, tiny: bool = False) -> SuiteResult:
                                           "decisions": len(summary["balance_decisions"])}
     rows.append(row)
     progress.step(f"{regime} {balance} U={u} N={n}: {row.get('sps', 0):.0f} sps")
-  config = {"K": K, "max_wall_s": budget_s, "warmup_s": warmup_s, "regimes": regimes(),
-            "settings": settings(quick, tiny)}
+  config = {"K": K, "max_wall_s": budget_s, "warmup_s": warmup_s, "regimes": names,
+            "settings": chosen}
   return SuiteResult(rows, tables(rows), config)
 
 
@@ -120,3 +128,37 @@ def tables(rows: list[dict[str, Any]]) -> str:
                                       "auto_vs_best", "median_fixed_sps", "auto_blocked",
                                       "auto_idle", "auto_lag_mean", "auto_max_lag",
                                       "auto_dropped", "auto_end"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Chosen settings only, side by side (the suite runs the whole grid):
+
+      python -m tools.suites.balance_grid OUT --regimes learner_bound \
+          --settings auto:1:6,off:6:2,off:3:6,off:1:6
+  """
+  parser = argparse.ArgumentParser(prog="python -m tools.suites.balance_grid",
+                                   description=main.__doc__.splitlines()[0])
+  parser.add_argument("out", type=Path)
+  parser.add_argument("--regimes", default="fast,learner_bound")
+  parser.add_argument("--settings", required=True, help="balance:U:N, comma separated")
+  parser.add_argument("--max_wall_s", type=float, default=45.0)
+  parser.add_argument("--warmup_s", type=float, default=15.0)
+  args = parser.parse_args(argv)
+  names = args.regimes.split(",")
+  if any(r not in REGIMES for r in names):
+    parser.error(f"--regimes={args.regimes}: each must be one of {', '.join(REGIMES)}")
+  try:
+    chosen = [(b, int(u), int(n)) for b, u, n in (x.split(":") for x in args.settings.split(","))]
+  except ValueError:
+    parser.error(f"--settings={args.settings}: must be balance:U:N items, e.g. auto:1:6")
+  if any(b not in ("off", "auto") or u < 1 or n < 1 for b, u, n in chosen):
+    parser.error(f"--settings={args.settings}: balance is off or auto, U and N >= 1")
+  result = run_settings(args.out, names, chosen, args.max_wall_s, args.warmup_s)
+  write_results(args.out, "balance_grid", result, " ".join(["python -m tools.suites.balance_grid",
+                                                           *(argv or sys.argv[1:])]))
+  print(result.tables_md)
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -101,7 +101,7 @@ class Balancer:
   def _counts(self) -> dict[str, Any]:
     actors = [a.timers.snapshot() for a in self.actors]
     return {"t": time.time(), "idle": self.learner.timers.snapshot().idle_s,
-            "hist": dict(self.rate.lag_hist),
+            "hist": self.rate.lag_counts(),
             "made": [t.rollouts for t in actors],
             "blocked": [t.permit_s + t.put_s for t in actors],
             "paused": [t.paused_s for t in actors]}

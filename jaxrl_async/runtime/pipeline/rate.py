@@ -40,7 +40,7 @@ class RateController:
     self.max_lag = cfg.max_policy_lag if cfg.capped else None
     self.rollouts_per_update = cfg.rollouts_per_update
     self.in_flight_limit = cfg.max_in_flight  # F: the balancer may lower it (not below U)
-    self._next_u: int | None = None  # a smaller U, waiting for every ticket to come back
+    self._next_u: int | None = None  # a U asked for, waiting for where it may take force
     self._cond = threading.Condition()
     self._closed = False
     self.version = version
@@ -148,6 +148,12 @@ class RateController:
     with self._cond:
       self._closed = True
       self._cond.notify_all()
+
+  def lag_counts(self) -> dict[int, int]:
+    """Every admitted rollout's lag so far, copied under the lock (the learner thread adds to
+    it; the balancer reads it from the supervising thread)."""
+    with self._cond:
+      return dict(self.lag_hist)
 
   def take_lag_window(self) -> dict[int, int]:
     """Lag counts since the last call (for the per-interval histogram in metrics)."""
