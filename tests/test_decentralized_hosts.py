@@ -107,7 +107,11 @@ def test_launcher_runs_nodes_it_started_itself_on_loopback_addresses(tmp_path):
              *SMALL, "--tol=1e-4", f"--run_dir={tmp_path}"])
   assert out.returncode == 0, out.stdout + out.stderr
   summary = json.loads((tmp_path / "summary.json").read_text())
-  assert summary["stopped"] == "tol" and summary["final_rel_error"] < 1e-4
+  assert summary["stopped"] == "tol" and summary["time_to"]["0.0001"] is not None
+  # The nodes go on updating between the coordinator's check and their stop, and an
+  # asynchronous iterate is not monotone, so the error read after the stop may sit a little
+  # above tol (measured 1.03e-4 once in CI).
+  assert summary["final_rel_error"] < 2e-4
   assert summary["hosts"] == ["127.0.0.2", "127.0.0.3"]
   assert summary["config"]["coordinator"].startswith("127.0.0.1:")
   assert summary["curve"] is True and summary["config"]["curve"] is True
