@@ -26,8 +26,10 @@ def window(idle=0.0, blocked=0.0, lag=0.5, consumed=20, actor_rate=10.0, learner
                 learner_rate=learner_rate, consumed=consumed, lag_mean=lag)
 
 
-def controller(u=1, f=None, active=4, k=1, settle=0, **kw):
-  bounds = Bounds(num_actors=4, max_lag=k, u_choices=(1, 2, 3, 4, 6, 8), settle=settle, **kw)
+def controller(u=1, f=None, active=4, k=1, settle=0, judge_windows=1, **kw):
+  """One window per decision, so each rule shows in one step (pooling has its own test)."""
+  bounds = Bounds(num_actors=4, max_lag=k, u_choices=(1, 2, 3, 4, 6, 8), settle=settle,
+                  judge_windows=judge_windows, **kw)
   return BalanceController(bounds, Setting(u, f or bounds.cap(u), active))
 
 
@@ -54,19 +56,24 @@ def test_an_idle_learner_with_blocked_actors_gets_more_tickets_then_a_larger_u()
   assert c.step(window(idle=0.8, blocked=0.05)) is None and c.setting == Setting(2, 4, 4)
 
 
-def test_a_probe_that_does_not_cost_is_kept_and_not_resumed_away():
+def test_a_probe_is_kept_only_if_it_gains_and_is_not_resumed_away():
   c = controller(u=8, f=16)  # U at its largest: the probe is one actor fewer
   assert c.step(window(idle=0.8)).lever == "active_actors-" and c.setting.active_actors == 3
-  assert c.step(window(idle=0.85)).lever == "active_actors-"  # kept; the next probe
+  assert c.step(window(idle=0.85, consumed=22)).lever == "active_actors-"  # +10%: kept; next
   assert c.setting.active_actors == 2
-  d = c.step(window(idle=0.9, consumed=12))  # 2 actors cost 40%: back to 3, not fewer again
+  d = c.step(window(idle=0.9, consumed=22))  # 2 actors gained nothing: back to 3
   assert d.lever == "undo" and c.setting.active_actors == 3
   d = c.step(window(idle=0.85))  # no resume to 4: 3 was chosen, and a probe of 2 failed
   assert d.lever == "hold" and c.setting.active_actors == 3
+  c = controller(u=8, f=16)
+  c.step(window(idle=0.8))
+  d = c.step(window(idle=0.8, consumed=20))  # the same throughput: the status quo wins
+  assert d.lever == "undo" and c.setting.active_actors == 4 and "actors stay >= 4" in d.reason
 
 
 def test_async_actors_want_two_slots_each():
-  bounds = Bounds(num_actors=4, max_lag=1, u_choices=(1, 2, 3, 4), slots_per_actor=2, settle=0)
+  bounds = Bounds(num_actors=4, max_lag=1, u_choices=(1, 2, 3, 4), slots_per_actor=2, settle=0,
+                  judge_windows=1)
   c = BalanceController(bounds, Setting(1, 2, 4))
   c.step(window(idle=0.8, blocked=0.7))
   assert c.setting == Setting(4, 8, 4)
@@ -146,6 +153,24 @@ def test_no_window_no_decision_and_settling_skips_windows():
   assert c.step(window(idle=0.9, blocked=0.9)) is not None
 
 
+def test_a_move_is_judged_on_the_pooled_windows_after_it():
+  """One bad window among two is not a verdict; the pool's throughput is (rollouts over
+  seconds of both), and so is the next decision's evidence."""
+  c = controller(u=1, f=2, judge_windows=2)
+  assert c.step(window(idle=0.8, blocked=0.7)) is None  # one window: no evidence yet
+  assert c.step(window(idle=0.8, blocked=0.7)).lever == "rollouts_per_update+"
+  assert c.step(window(idle=0.8, blocked=0.1, consumed=15)) is None  # -25%, but one window
+  d = c.step(window(idle=0.8, blocked=0.1, consumed=24))  # pooled 39 vs 40: -2.5%, kept
+  assert d is None or d.lever != "undo"
+  c = controller(u=1, f=2, judge_windows=2)
+  c.step(window(idle=0.8, blocked=0.7))
+  c.step(window(idle=0.8, blocked=0.7))
+  c.step(window(idle=0.8, blocked=0.1, consumed=15))
+  d = c.step(window(idle=0.8, blocked=0.1, consumed=17))  # pooled 32 vs 40: -20%, undone
+  assert d.lever == "undo" and "throughput 16.0 rollouts/s (was 20.0)" in d.reason
+  assert d.window.seconds == 2.0 and d.window.consumed == 32
+
+
 def test_random_windows_never_ask_beyond_the_cap():
   rng = random.Random(0)
   for k in (0, 1, 3):
@@ -160,7 +185,7 @@ def test_random_windows_never_ask_beyond_the_cap():
 
 def test_replay_moves_the_spi_target_within_its_band():
   bounds = Bounds(num_actors=2, max_lag=None, u_choices=(1,), spi_range=(6.0, 10.0),
-                  spi_steps=2, settle=0)
+                  spi_steps=2, settle=0, judge_windows=1)
   c = BalanceController(bounds, Setting(1, 4, 2, 8.0))
   assert c.step(window(idle=0.6)).setting.samples_per_insert == 9.0
   assert c.step(window(idle=0.6)).setting.samples_per_insert == 10.0

@@ -17,8 +17,9 @@ learner idle over `target_idle` (production is short):
     fewer hands wait less);
   - actors do not wait: a paused actor resumes; for replay the SPI target rises;
   - actors do not wait and none is paused: probe a larger U, then one actor fewer, each
-    judged by throughput alone (where actors and learner share cores, fewer threads and fewer,
-    larger updates can make more: measured on this 2-core machine);
+    judged by throughput alone and kept only if it gains (where actors and learner share
+    cores, fewer threads and fewer, larger updates can make more: measured on this 2-core
+    machine);
   - otherwise every lever is at its limit: production-bound (said once).
 learner busy (consumption is short):
   - mean lag over `target_lag`: F falls by one, down to a floor; at the floor U doubles with F
@@ -27,17 +28,19 @@ learner busy (consumption is short):
     what it takes; for replay, actors blocked over `target_blocked`: the SPI target falls;
   - otherwise the operating point is reached.
 
-Every move is an experiment judged by the first window after it settles. One that lowered the
+Every move is an experiment judged by the first `judge_windows` windows after it settles
+(pooled: one window at +-5% is too little evidence on a shared host); every decision, too,
+reads the pooled last `judge_windows` windows at the setting in force. A move that lowered the
 throughput (rollouts learned per second) by more than `rate_cost`, or, for a move that takes
 production away, raised the learner's idle by more than `idle_cost`, is undone and becomes a
 bound for that lever (a floor of F at that U, of the active actors; a ceiling of U, of the
-active actors); a resume that gained nothing is undone too. Without bounds the lag rule and the
-idle rule would alternate every window; with them each experiment is made once. On a host whose
-cores the actors share with the learner, a larger U can cost throughput (more runnable threads
-than cores): the judge finds that and pauses actors instead. Bounds are forgotten when the
-learner's rate, at a setting held for several windows, moves by more than `replan` (a second job
-on the device, a bigger network): the point they mark has moved. Every decision carries its
-reason and the measurements behind it.
+active actors); a resume or a probe that gained nothing is undone too. Without bounds the lag
+rule and the idle rule would alternate every window; with them each experiment is made once.
+On a host whose cores the actors share with the learner, a larger U can cost throughput (more
+runnable threads than cores): the judge finds that and pauses actors instead. Bounds are
+forgotten when the learner's rate, at a setting held for several windows, moves by more than
+`replan` (a second job on the device, a bigger network): the point they mark has moved. Every
+decision carries its reason and the measurements behind it.
 """
 
 from __future__ import annotations
@@ -75,6 +78,23 @@ class Window:
     return self.consumed / max(self.seconds, 1e-9)
 
 
+def pooled(windows: list[Window]) -> Window:
+  """Several windows as one: fractions weighted by seconds, lag by rollouts learned."""
+  if len(windows) == 1:
+    return windows[0]
+  secs = sum(w.seconds for w in windows)
+  consumed = sum(w.consumed for w in windows)
+  busy = sum(w.seconds * (1 - w.learner_idle) for w in windows)
+  lags = [w.lag_max for w in windows if w.lag_max is not None]
+  return Window(
+      learner_idle=sum(w.learner_idle * w.seconds for w in windows) / secs,
+      actors_blocked=sum(w.actors_blocked * w.seconds for w in windows) / secs,
+      actor_rate=sum(w.actor_rate * w.seconds for w in windows) / secs,
+      learner_rate=consumed / max(busy, 1e-9), consumed=consumed,
+      lag_mean=sum(w.lag_mean * w.consumed for w in windows) / consumed,
+      lag_max=max(lags) if lags else None, seconds=secs)
+
+
 @dataclasses.dataclass(frozen=True)
 class Bounds:
   """What the controller may do and what it steers to, fixed for a run."""
@@ -89,11 +109,14 @@ class Bounds:
   target_idle: float = 0.2
   target_blocked: float = 0.15
   settle: int = 1
+  judge_windows: int = 2  # windows pooled at a setting before it is judged or acted on
   idle_cost: float = 0.05  # learner idle a move may add before it is undone
   rate_cost: float = 0.05  # throughput a move may cost before it is undone
   replan: float = 0.5
 
   def __post_init__(self):
+    if self.judge_windows < 1:
+      raise ValueError(f"judge_windows must be >= 1, got {self.judge_windows}")
     if not self.u_choices or min(self.u_choices) < 1:
       raise ValueError(f"u_choices must be positive, got {self.u_choices}")
     if self.max_lag is not None and self.target_lag > self.max_lag:
@@ -144,6 +167,7 @@ class BalanceController:
     self._rates: float | None = None  # the learner's rate when the bounds were set
     self._recent: collections.deque = collections.deque(maxlen=5)
     self._held: set[str] = set()  # holds already said (they would repeat every window)
+    self._pool: collections.deque = collections.deque(maxlen=bounds.judge_windows)
 
   def step(self, w: Window) -> Decision | None:
     if self._settling > 0:
@@ -151,27 +175,32 @@ class BalanceController:
       return None
     if w.consumed == 0 or w.lag_mean is None:
       return None  # nothing was learned: no evidence about consumption
+    self._replan(w)
+    self._pool.append(w)
+    if len(self._pool) < self._pool.maxlen:
+      return None  # one window at +-5% is too little evidence on a shared host
+    w = pooled(list(self._pool))
     trial, self._trial = self._trial, None
     if trial is not None:
       undo = self._judge(trial, w)
       if undo is not None:
         return undo
-    self._replan(w)
     if w.learner_idle > self.bounds.target_idle:
       return self._produce_more(w)
     return self._consume_faster(w)
 
   def _judge(self, trial: _Trial, w: Window) -> Decision | None:
-    """Undoes the last move if it cost throughput (or gained nothing, for a resume), and keeps
-    what it learned as a bound."""
+    """Undoes the last move if it cost throughput (or gained nothing, for a resume or a
+    probe), and keeps what it learned as a bound."""
     b, s, before = self.bounds, self.setting, trial.window
     cost = w.throughput < (1 - b.rate_cost) * before.throughput
-    if trial.kind == "probe_active" and not cost:
-      self._ceiling_active = s.active_actors  # chosen on purpose: not resumed while it holds
     if trial.kind in _TAKES_PRODUCTION:
       cost = cost or w.learner_idle > max(before.learner_idle, 0.0) + b.idle_cost
-    if trial.kind == "active_actors+":
+    if trial.kind in ("active_actors+", "probe_u", "probe_active"):
+      # Off the rules' path (a resume, a probe), the status quo wins unless the move gains.
       cost = w.throughput < (1 + b.rate_cost / 2) * before.throughput
+    if trial.kind == "probe_active" and not cost:
+      self._ceiling_active = s.active_actors  # chosen on purpose: not resumed while it holds
     if not cost:
       return None
     what = (f"throughput {w.throughput:.1f} rollouts/s (was {before.throughput:.1f}), learner "
@@ -353,6 +382,7 @@ class BalanceController:
     self._settling = b.settle
     self._held.clear()
     self._recent.clear()  # the learner's rate at the new setting is measured afresh
+    self._pool.clear()
     self._rates = None
     decision = Decision(setting, lever, reason, w)
     self.decisions.append(decision)
