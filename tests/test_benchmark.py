@@ -215,6 +215,24 @@ def test_lag_sweep_keeps_lag_weighting_rows_apart():
   assert verdict["best_fixed_s"] == 10.0 and verdict["beats_median"]
 
 
+def test_lag_sweep_runs_seeds_outermost_and_its_command_line_checks_its_flags(tmp_path,
+                                                                              monkeypatch):
+  seen = []
+  monkeypatch.setattr(lag_sweep, "run_grid", lambda out, grid, *a: seen.extend(grid) or [])
+  monkeypatch.setattr(lag_sweep, "plot_lag_returns", lambda rows, path: "")
+  lag_sweep.run(tmp_path, False, weightings=("off", "inverse"), seeds=[3, 4],
+                tasks={"CartPole-v1": {}}, lags=(0, 4))
+  balances = lag_sweep.balance_modes()
+  per_seed = 2 * len(balances) + 1  # K 0 and 4 per balance, and K = 4 weighted
+  assert [g[4] for g in seen] == [3] * per_seed + [4] * per_seed
+  assert ("CartPole-v1", 4, "off", "inverse", 3) in seen
+  for argv in (["--lags=0,x"], ["--lags=-1"], ["--tasks=Pong"], ["--weightings=half"],
+               ["--seeds=a"]):
+    with pytest.raises(SystemExit) as e:
+      lag_sweep.main([str(tmp_path), *argv])
+    assert e.value.code == 2, argv
+
+
 def test_process_rows_report_failures(tmp_path):
   row = convergence.run_train("cartpole_impala", 0, tmp_path / "bad", {"num_envs": 0},
                               timeout_s=120)

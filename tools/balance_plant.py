@@ -22,7 +22,13 @@ import random
 from typing import Any
 
 from jaxrl_async.config import RateConfig
-from jaxrl_async.runtime.pipeline.balance import BalanceController, Bounds, Setting, Window
+from jaxrl_async.runtime.pipeline.balance import (
+  UPDATES_PER_WINDOW,
+  BalanceController,
+  Bounds,
+  Setting,
+  Window,
+)
 from jaxrl_async.runtime.pipeline.rate import RateController
 
 
@@ -116,8 +122,8 @@ class _Sim:
   def window(self, now: float) -> None:
     self.push(now + self.window_s, "window")
     c, last = self.counts, self.last
-    if len(c["lags"]) - last["lags"] < 2 * self.rate.rollouts_per_update:
-      return  # as the run's balancer: a window holds two updates' worth at least
+    if len(c["lags"]) - last["lags"] < UPDATES_PER_WINDOW * self.rate.rollouts_per_update:
+      return  # as the run's balancer
     idle_now = c["idle"] + (0.0 if self.busy else now - self.free_since)
     blocked_now = c["blocked"] + sum(now - since for since, kind in self.waiting.values()
                                      if kind == "blocked")

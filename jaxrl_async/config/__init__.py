@@ -70,6 +70,12 @@ class TrainConfig:
   distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
   run: RunConfig = dataclasses.field(default_factory=RunConfig)
 
+  @property
+  def num_minibatches(self) -> int:
+    """The parts one update's batch is cut into along the envs (1 where the algorithm does not
+    cut it): the envs per learner device of every U must divide into them."""
+    return getattr(self.algo, "num_minibatches", 1)
+
   def __post_init__(self):
     expected = algorithm_configs().get(self.learner.algo)
     _check(expected is not None and isinstance(self.algo, expected), "algo", self.learner.algo,
@@ -77,9 +83,8 @@ class TrainConfig:
     per_device, rem = divmod(self.env.num_envs, self.learner.learner_devices)
     _check(rem == 0, "num_envs", self.env.num_envs,
            f"must be divisible by --learner_devices={self.learner.learner_devices}")
-    minibatches = getattr(self.algo, "num_minibatches", 1)
     local_envs = per_device * self.rate.rollouts_per_update
-    _check(local_envs % minibatches == 0, "num_minibatches", minibatches,
+    _check(local_envs % self.num_minibatches == 0, "num_minibatches", self.num_minibatches,
            f"must divide the envs per learner device per update ({local_envs})")
     on_policy = _on_policy()
     # NOTE: DQN learns from a replay, where a sample's lag at the update is not one rollout's;

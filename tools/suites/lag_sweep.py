@@ -15,12 +15,14 @@ adds, at the larger caps and with no cap (`WEIGHTED_LAGS`), balance off, each se
 
 from __future__ import annotations
 
+import argparse
 import math
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
-from tools.bench_common import Progress, SuiteResult, md_table
+from tools.bench_common import Progress, SuiteResult, md_table, seed_list, write_results
 from tools.suites.convergence import ACROBOT, median, plot_returns, run_train
 
 PRESET = "cartpole_impala"
@@ -55,16 +57,22 @@ def setting_flags(lag: int | None, balance: str, lag_weighting: str = "off") -> 
 
 
 def run(out_dir: Path, quick: bool, tiny: bool = False,
-        weightings: tuple[str, ...] = ("off",), seeds: list[int] | None = None) -> SuiteResult:
-  tasks = {"CartPole-v1": TASKS["CartPole-v1"]} if quick or tiny else TASKS
+        weightings: tuple[str, ...] = ("off",), seeds: list[int] | None = None,
+        tasks: dict[str, dict[str, Any]] | None = None,
+        lags: tuple[int | None, ...] | None = None) -> SuiteResult:
+  tasks = tasks or ({"CartPole-v1": TASKS["CartPole-v1"]} if quick or tiny else TASKS)
   seeds = seeds or ([0] if quick or tiny else [0, 1, 2])
-  lags = (0, 1, None) if tiny else LAGS
+  lags = lags or ((0, 1, None) if tiny else LAGS)
   balances = balance_modes()
   # NOTE: a run that does not solve costs its whole budget; 120 s is 5-10x a typical solve.
   budget_s = 40.0 if tiny else 100.0 if quick else 120.0
-  grid = [(t, lag, b, "off", s) for t in tasks for lag in lags for b in balances for s in seeds]
-  grid += [(t, lag, "off", w, s) for t in tasks for lag in lags if lag in WEIGHTED_LAGS
-           for w in weightings if w != "off" for s in seeds]
+  # Seeds outermost: a busy neighbour for some minutes then slows every setting a little,
+  # instead of a few settings a lot.
+  grid = []
+  for s in seeds:
+    grid += [(t, lag, b, "off", s) for t in tasks for lag in lags for b in balances]
+    grid += [(t, lag, "off", w, s) for t in tasks for lag in lags if lag in WEIGHTED_LAGS
+             for w in weightings if w != "off"]
   rows = run_grid(out_dir, grid, tasks, budget_s, "lag_sweep")
   plots = [plot_lag_returns(rows, out_dir / "lag_sweep.png")]
   config = {"preset": PRESET, "tasks": tasks, "lags": lags, "balance": balances,
@@ -206,3 +214,41 @@ def tables(rows: list[dict[str, Any]], budget_s: float = math.inf) -> str:
                             "solved", "solved_wall_s", "solved_env_steps", "sps",
                             "policy_lag_mean", "policy_lag_max", "dropped_stale",
                             "learner_idle_frac", "loadavg_1m", "error"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Chosen tasks, caps, seeds and lag weightings (the suite runs its defaults):
+
+      python -m tools.suites.lag_sweep OUT --seeds 0-4 --weightings off,inverse
+  """
+  parser = argparse.ArgumentParser(prog="python -m tools.suites.lag_sweep",
+                                   description=main.__doc__.splitlines()[0])
+  parser.add_argument("out", type=Path)
+  parser.add_argument("--tasks", default=",".join(TASKS), help=f"of {', '.join(TASKS)}")
+  parser.add_argument("--lags", default="0,1,2,4,8,none", help="K values; none: no cap")
+  parser.add_argument("--seeds", type=seed_list, default=[0, 1, 2])
+  parser.add_argument("--weightings", default="off",
+                      help="lag weightings also run at K in 4, 8, none (off, inverse, exp)")
+  args = parser.parse_args(argv)
+  tasks = args.tasks.split(",")
+  if any(t not in TASKS for t in tasks):
+    parser.error(f"--tasks={args.tasks}: each must be one of {', '.join(TASKS)}")
+  try:
+    lags = tuple(None if x == "none" else int(x) for x in args.lags.split(","))
+  except ValueError:
+    parser.error(f"--lags={args.lags}: must be integers >= 0 or none, comma separated")
+  if any(k is not None and k < 0 for k in lags):
+    parser.error(f"--lags={args.lags}: must be integers >= 0 or none, comma separated")
+  weightings = tuple(args.weightings.split(","))
+  if any(w not in ("off", "inverse", "exp") for w in weightings):
+    parser.error(f"--weightings={args.weightings}: each must be off, inverse or exp")
+  result = run(args.out, False, weightings=weightings, seeds=args.seeds,
+               tasks={t: TASKS[t] for t in tasks}, lags=lags)
+  write_results(args.out, "lag_sweep", result,
+                " ".join(["python -m tools.suites.lag_sweep", *(argv or sys.argv[1:])]))
+  print(result.tables_md)
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

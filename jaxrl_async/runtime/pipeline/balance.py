@@ -60,6 +60,9 @@ class Setting:
   samples_per_insert: float | None = None
 
 
+UPDATES_PER_WINDOW = 2  # a window holds at least this many updates' worth of rollouts learned
+
+
 @dataclasses.dataclass(frozen=True)
 class Window:
   """One control window's measurements (fractions of its wall time, rates per second)."""

@@ -18,7 +18,13 @@ from typing import Any
 
 from absl import logging
 
-from jaxrl_async.runtime.pipeline.balance import BalanceController, Bounds, Setting, Window
+from jaxrl_async.runtime.pipeline.balance import (
+  UPDATES_PER_WINDOW,
+  BalanceController,
+  Bounds,
+  Setting,
+  Window,
+)
 
 
 class ActorGate:
@@ -54,9 +60,8 @@ def u_choices(config: Any, algo: Any, multi_process: bool) -> tuple[int, ...]:
     return (u0,)
   slots = config.actor.num_actors * (2 if config.env.is_async else 1)
   per_device = config.env.num_envs // config.learner.learner_devices
-  minibatches = getattr(config.algo, "num_minibatches", 1)
   return tuple(u for u in range(1, max(u0, slots) + 1)
-               if (per_device * u) % minibatches == 0 or u == u0)
+               if (per_device * u) % config.num_minibatches == 0 or u == u0)
 
 
 def make_bounds(config: Any, algo: Any, multi_process: bool, limiter: Any = None) -> Bounds:
@@ -111,7 +116,7 @@ class Balancer:
     last, dt = self._mark, max(now["t"] - self._mark["t"], 1e-9)
     delta = {k: v - last["hist"].get(k, 0) for k, v in now["hist"].items()}
     consumed = sum(delta.values())
-    if dt < self.every_s or consumed < 2 * self.rate.rollouts_per_update:
+    if dt < self.every_s or consumed < UPDATES_PER_WINDOW * self.rate.rollouts_per_update:
       return None
     idle = min(max((now["idle"] - last["idle"]) / dt, 0.0), 1.0)
     active = range(min(self.gate.active, len(self.actors)))
