@@ -229,8 +229,6 @@ class BalanceController:
       bound = "not again at this point"
     return self._move(back, "undo", w, f"{what}: undone; {bound}", judged=False)
 
-  # -- the two sides -------------------------------------------------------------------------
-
   def _produce_more(self, w: Window) -> Decision | None:
     b, s = self.bounds, self.setting
     idle = f"learner idle {100 * w.learner_idle:.0f}% > {100 * b.target_idle:.0f}%"
@@ -326,8 +324,6 @@ class BalanceController:
                         "probe_active", w, f"{idle}, every actor working: probing "
                         f"{s.active_actors - 1} actors")
     return None
-
-  # -- levers --------------------------------------------------------------------------------
 
   def _u_covering(self, slots: int) -> int:
     """The smallest allowed U whose (K + 1) U covers `slots` (else the largest)."""
