@@ -97,6 +97,24 @@ def test_a_larger_u_that_costs_throughput_is_undone_and_actors_pause_instead():
   assert d.lever == "active_actors-" and "probing 1 actors" in d.reason
 
 
+def test_a_pause_jumps_to_the_working_share_and_an_undone_jump_floors_above_its_target():
+  """6 actors blocked 72% work 1.7 actors' worth: 3 (that, rounded up, and a spare) in one
+  move, not one a window. If 3 costs, 4 is next (the steps the jump skipped stay open)."""
+  bounds = Bounds(num_actors=6, max_lag=1, u_choices=(1,), settle=0, judge_windows=1)
+  c = BalanceController(bounds, Setting(1, 2, 6))
+  d = c.step(window(idle=0.85, blocked=0.72))
+  assert d.lever == "active_actors-" and c.setting.active_actors == 3 and "3 actors" in d.reason
+  d = c.step(window(idle=0.9, blocked=0.3, consumed=15))  # 25% fewer learned: undone
+  assert d.lever == "undo" and c.setting.active_actors == 6 and "actors stay >= 4" in d.reason
+  d = c.step(window(idle=0.85, blocked=0.72))
+  assert d.lever == "active_actors-" and c.setting.active_actors == 4
+  # The busy-learner pause jumps too: 12/s at 10/s an actor needs 2 (1.26 rounded up), and a
+  # spare: 3 of 6.
+  c = BalanceController(bounds, Setting(1, 2, 6))
+  d = c.step(window(idle=0.02, blocked=0.7, lag=0.4, actor_rate=10.0, learner_rate=12.0))
+  assert d.lever == "active_actors-" and c.setting.active_actors == 3
+
+
 def test_lag_over_target_lowers_f_and_a_fall_that_idles_the_learner_becomes_a_floor():
   c = controller(u=2, f=6, k=2)
   assert c.step(window(lag=1.5)).lever == "in_flight-" and c.setting.in_flight == 5

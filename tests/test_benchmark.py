@@ -388,7 +388,14 @@ def test_balance_grid_judges_auto_against_the_best_and_median_fixed_setting():
           row("auto", 1, 6, 27.0), {"regime": "fast", "balance": "off", "error": "exit 1"}]
   [v] = balance_grid.verdicts(rows)
   assert v["best_fixed"] == "U=1 N=6" and v["auto_vs_best"] == pytest.approx(0.9)
-  assert v["median_fixed_sps"] == 20.0
+  assert v["median_fixed_sps"] == 20.0 and v["settled_vs_best"] is None
+  # A second seed: each setting is judged by its mean, so U=6 N=6 (20, 36: 28) is not best.
+  rows += [row("off", 1, 6, 34.0), row("off", 6, 6, 36.0), row("off", 3, 2, 10.0),
+           row("auto", 1, 6, 29.0) | {"sps_settled": 31.0}]
+  [v] = balance_grid.verdicts(rows)
+  assert v["seeds"] == 2 and v["best_fixed"] == "U=1 N=6" and v["best_sps"] == 32.0
+  assert v["auto_vs_best"] == pytest.approx(28 / 32)
+  assert v["settled_vs_best"] == pytest.approx(31 / 32)
   assert "auto against the fixed settings" in balance_grid.tables(rows)
 
 

@@ -38,3 +38,13 @@ def test_a_snapshot_is_a_copy_and_leaves_the_lock_out_of_the_fields():
   t.idle_s += 1.0
   assert s.idle_s == 1.0 and t.idle_s == 2.0
   assert "lock" not in dataclasses.asdict(t) and s.lock is t.lock
+
+
+def test_blocked_is_over_the_actors_time_not_paused():
+  """3 of 6 actors paused for 2 s, the other 3 blocked 1.5 s of their 6: 25%, not 12.5%."""
+  from jaxrl_async.runtime.monitor import actor_fractions
+
+  blocked, paused = actor_fractions(1.5, 6.0, 2.0, 6)
+  assert paused == 0.5 and blocked == 0.25
+  assert actor_fractions(1.5, 0.0, 2.0, 6) == (0.125, 0.0)
+  assert actor_fractions(0.0, 12.0, 2.0, 6) == (0.0, 1.0)  # all paused: nothing blocked

@@ -13,6 +13,15 @@ from jaxrl_async.metrics import STEP_SPLIT, Ema, MetricsWriter, wall_s
 from jaxrl_async.runtime.pipeline.balancer import Balancer, make_bounds
 
 
+def actor_fractions(blocked_s: float, paused_s: float, dt: float, n: int) -> tuple[float, float]:
+  """(blocked, paused) fractions of n actors over dt. Blocked is over the time they were not
+  paused by --balance=auto: a paused actor waits on purpose, and counting it as unblocked
+  would flatter the balancer (3 of 6 paused would halve the figure)."""
+  total = dt * max(n, 1)
+  paused = min(max(paused_s / total, 0.0), 1.0)
+  return min(blocked_s / max(total - min(paused_s, total), 1e-9), 1.0), paused
+
+
 class Monitor:
   """Turns the components' counters into one metrics record per interval."""
 
@@ -22,7 +31,7 @@ class Monitor:
     self.controller, self.queue, self.stats, self.writer = controller, queue, stats, writer
     self.base_env_steps, self.base_episodes = base_env_steps, base_episodes  # from a resume
     self.production, self.consumption, self.sps = Ema(), Ema(), Ema(2.0)
-    self._last = {"t": time.time(), "blocked": 0.0, "idle": 0.0, "steps": 0}
+    self._last = {"t": time.time(), "blocked": 0.0, "paused": 0.0, "idle": 0.0, "steps": 0}
     self.balancer = balancer  # balance=auto
 
   def env_steps(self) -> int:
@@ -41,6 +50,9 @@ class Monitor:
     sps = self.sps.update(env_steps, now)
     dt = max(now - self._last["t"], 1e-9)
     blocked = sum(a.permit_s + a.put_s for a in actors)
+    paused = sum(a.paused_s for a in actors)
+    blocked_frac, paused_frac = actor_fractions(
+        blocked - self._last["blocked"], paused - self._last["paused"], dt, len(self.actors))
     idle = learner.idle_s
     lag_window = self.controller.take_lag_window()
     n_lag = sum(lag_window.values())
@@ -60,8 +72,8 @@ class Monitor:
         "production_sps": production or 0.0,
         "consumption_sps": consumption or 0.0,
         "reuse_ratio": (consumption / production) if production and consumption else None,
-        "actor_blocked_frac": min(
-            1.0, (blocked - self._last["blocked"]) / dt / max(len(self.actors), 1)),
+        "actor_blocked_frac": blocked_frac,
+        "actor_paused_frac": paused_frac,
         "learner_idle_frac": min(1.0, (idle - self._last["idle"]) / dt),
         "nonfinite_skipped": self.learner.nonfinite_skipped,
         # The actors' per-step path, cumulative seconds over all actor threads.
@@ -83,7 +95,8 @@ class Monitor:
       record.update(active_actors=self.balancer.gate.active,
                     in_flight_limit=self.controller.in_flight_limit)
       record["balance_decisions"] = self.balancer.take_unlogged()
-    self._last = {"t": now, "blocked": blocked, "idle": idle, "steps": env_steps}
+    self._last = {"t": now, "blocked": blocked, "paused": paused, "idle": idle,
+                  "steps": env_steps}
     return record
 
   def log(self, final: dict[str, Any] | None = None) -> dict[str, Any]:

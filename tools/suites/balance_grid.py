@@ -7,6 +7,10 @@ judged by its steady state: the median env steps/s and the mean actors-blocked a
 fractions over the metrics records after the first `warmup_s`, the lag histogram of the whole
 run, the rollouts dropped. Fixed settings: rollouts per update U x actors N; auto starts from
 U = 1 with the most actors (the worst corner: 2 tickets for N actors) and must find its way.
+Auto's steady state is also read from its last move on (`sps_settled`, `settled_s`): the
+window after the warm-up still holds the walk when the walk is long. Seeds run outermost (a
+busy neighbour slows every setting a little rather than a few a lot); the verdicts take each
+setting's mean over seeds. U = 2 is not in the grid: it was never the best in any grid run.
 
 Regimes ($JAXRL_BENCH_TASKS, comma separated; default both CPU ones):
 - `fast`: a tiny MLP learner (16,16, one epoch of one minibatch) that idles most of the time;
@@ -28,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tools.bench_common import Progress, SuiteResult, md_table, write_results
+from tools.bench_common import Progress, SuiteResult, md_table, seed_list, write_results
 from tools.suites.convergence import lag_mean, read_records, run_train
 
 K = 1
@@ -39,7 +43,7 @@ REGIMES: dict[str, tuple[str, str, dict[str, Any]]] = {
                       {"hidden_sizes": "512,512"}),
     "breakout": ("breakout_impala", "Breakout-v5 (GPU host)", {}),
 }
-GRID_U = (1, 2, 3, 6)
+GRID_U = (1, 3, 6)
 GRID_ACTORS = (2, 4, 6)
 
 
@@ -62,78 +66,113 @@ def steady(run_dir: Path, warmup_s: float) -> dict[str, Any]:
   mean = lambda k: statistics.fmean(float(r.get(k) or 0.0) for r in records)
   return {"sps": statistics.median(float(r["sps"]) for r in records),
           "actors_blocked": mean("actor_blocked_frac"), "learner_idle": mean("learner_idle_frac"),
+          "actors_paused": mean("actor_paused_frac"),
           "end_u": records[-1].get("rollouts_per_update"),
           "end_active": records[-1].get("active_actors")}
 
 
-def run(out_dir: Path, quick: bool, tiny: bool = False) -> SuiteResult:
-  budget_s, warmup_s = (12.0, 6.0) if tiny else (30.0, 12.0) if quick else (45.0, 15.0)
-  return run_settings(out_dir, regimes(), settings(quick, tiny), budget_s, warmup_s)
+def settled(run_dir: Path, decisions: list[dict[str, Any]], warmup_s: float) -> dict[str, Any]:
+  """Auto's steady state from its last move on (a settle window after it), or the warm-up's
+  end if that is later; None where fewer than 5 records are left."""
+  moves = [d["wall_s"] for d in decisions if d.get("lever") != "hold"]
+  start = max(warmup_s, moves[-1] + 2.0 if moves else 0.0)
+  sps = [float(r["sps"]) for r in read_records(run_dir) if r.get("wall_s", 0.0) >= start]
+  return {"settled_s": round(moves[-1], 1) if moves else 0.0,
+          "sps_settled": statistics.median(sps) if len(sps) >= 5 else None}
+
+
+def run(out_dir: Path, quick: bool, tiny: bool = False,
+        seeds: list[int] | None = None) -> SuiteResult:
+  budget_s, warmup_s = (12.0, 6.0) if tiny else (30.0, 12.0) if quick else (90.0, 30.0)
+  return run_settings(out_dir, regimes(), settings(quick, tiny), budget_s, warmup_s,
+                      seeds or [0])
 
 
 def run_settings(out_dir: Path, names: list[str], chosen: list[tuple[str, int, int]],
-                 budget_s: float, warmup_s: float) -> SuiteResult:
-  """One training run per (regime, setting), in order; rows with their steady state."""
+                 budget_s: float, warmup_s: float, seeds: list[int]) -> SuiteResult:
+  """One training run per (seed, regime, setting), seeds outermost; rows with their steady
+  state."""
   rows: list[dict[str, Any]] = []
-  grid = [(r, s) for r in names for s in chosen]
+  grid = [(seed, r, s) for seed in seeds for r in names for s in chosen]
   progress = Progress(len(grid), "balance_grid")
-  for regime, (balance, u, n) in grid:
+  for seed, regime, (balance, u, n) in grid:
     preset, label, extra = REGIMES[regime]
-    run_dir = out_dir / "runs" / f"{regime}-{balance}-U{u}-N{n}"
+    run_dir = out_dir / "runs" / f"{regime}-{balance}-U{u}-N{n}-s{seed}"
     flags = {**extra, "max_policy_lag": K, "rollouts_per_update": u, "num_actors": n,
              "balance": balance, "stop_at_return": float("nan"), "max_wall_s": budget_s,
              "total_env_steps": 10**12, "log_every_s": 1.0, "checkpoint_at_end": False,
              "checkpoint_every_s": 0, "layout": "preset"}
-    row = run_train(preset, 0, run_dir, flags, timeout_s=budget_s + 240)
-    row = {"regime": regime, "task": label, "balance": balance, "U": u, "actors": n} | row
+    row = run_train(preset, seed, run_dir, flags, timeout_s=budget_s + 240)
+    row = {"regime": regime, "task": label, "balance": balance, "U": u, "actors": n,
+           "seed": seed} | row
     if not row.get("error"):
       summary = json.loads((run_dir / "summary.json").read_text())
-      hist = summary.get("lag_hist") or {}
+      hist, decisions = summary.get("lag_hist") or {}, summary["balance_decisions"]
       row |= steady(run_dir, warmup_s) | {"lag_mean": lag_mean(hist), "lag_hist": hist,
-                                          "decisions": len(summary["balance_decisions"])}
+                                          "decisions": len(decisions)}
+      if balance == "auto":
+        row |= settled(run_dir, decisions, warmup_s)
     rows.append(row)
-    progress.step(f"{regime} {balance} U={u} N={n}: {row.get('sps', 0):.0f} sps")
+    progress.step(f"s{seed} {regime} {balance} U={u} N={n}: {row.get('sps', 0):.0f} sps")
   config = {"K": K, "max_wall_s": budget_s, "warmup_s": warmup_s, "regimes": names,
-            "settings": chosen}
+            "settings": chosen, "seeds": seeds}
   return SuiteResult(rows, tables(rows), config)
 
 
 def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Per regime and auto setting: each setting's mean over its seeds, auto's against the best
+  and the median fixed setting's."""
   out = []
   for regime in dict.fromkeys(r["regime"] for r in rows):
-    ok = [r for r in rows if r["regime"] == regime and not r.get("error")]
-    fixed = [r for r in ok if r["balance"] == "off"]
-    for auto in (r for r in ok if r["balance"] == "auto"):
-      if not fixed:
-        continue
-      best = max(fixed, key=lambda r: r["sps"])
-      out.append({"regime": regime, "auto_sps": auto["sps"], "best_fixed": f"U={best['U']} "
-                  f"N={best['actors']}", "best_sps": best["sps"],
-                  "auto_vs_best": auto["sps"] / best["sps"],
-                  "median_fixed_sps": statistics.median(r["sps"] for r in fixed),
-                  "auto_blocked": auto["actors_blocked"], "auto_idle": auto["learner_idle"],
-                  "auto_lag_mean": auto["lag_mean"], "auto_max_lag": auto.get("policy_lag_max"),
-                  "auto_dropped": auto.get("dropped_stale"),
-                  "auto_end": f"U={auto['end_u']} N={auto['end_active']}"})
+    groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for r in rows:
+      if r["regime"] == regime and not r.get("error"):
+        groups.setdefault((r["balance"], r["U"], r["actors"]), []).append(r)
+    fixed = {key: _mean(g, "sps") for key, g in groups.items() if key[0] == "off"}
+    if not fixed:
+      continue
+    best = max(fixed, key=fixed.get)
+    for autos in (g for key, g in groups.items() if key[0] == "auto"):
+      auto_sps, settled_sps = _mean(autos, "sps"), _mean(autos, "sps_settled")
+      lags = [r["policy_lag_max"] for r in autos if r.get("policy_lag_max") is not None]
+      out.append({
+          "regime": regime, "seeds": len(autos), "auto_sps": auto_sps,
+          "best_fixed": f"U={best[1]} N={best[2]}", "best_sps": fixed[best],
+          "auto_vs_best": auto_sps / fixed[best],
+          "settled_vs_best": settled_sps / fixed[best] if settled_sps else None,
+          "median_fixed_sps": statistics.median(fixed.values()),
+          "auto_blocked": _mean(autos, "actors_blocked"),
+          "auto_idle": _mean(autos, "learner_idle"), "auto_lag_mean": _mean(autos, "lag_mean"),
+          "auto_max_lag": max(lags) if lags else None,
+          "auto_dropped": sum(r.get("dropped_stale") or 0 for r in autos),
+          "auto_end": ", ".join(f"U={r['end_u']} N={r['end_active']}" for r in autos),
+          "auto_settled_s": ", ".join(str(r.get("settled_s")) for r in autos)})
   return out
 
 
+def _mean(group: list[dict[str, Any]], key: str) -> float | None:
+  values = [float(r[key]) for r in group if r.get(key) is not None]
+  return statistics.fmean(values) if values else None
+
+
 def tables(rows: list[dict[str, Any]]) -> str:
-  cols = ["regime", "balance", "U", "actors", "sps", "actors_blocked", "learner_idle",
+  cols = ["regime", "seed", "balance", "U", "actors", "sps", "sps_settled", "settled_s",
+          "actors_blocked", "actors_paused", "learner_idle",
           "lag_mean", "lag_hist", "policy_lag_max", "dropped_stale", "end_u", "end_active",
           "decisions", "loadavg_1m", "error"]
   return ("## Every setting (steady state after the warm-up)\n\n" + md_table(rows, cols)
           + "\n\n## auto against the fixed settings\n\n"
-          + md_table(verdicts(rows), ["regime", "auto_sps", "best_fixed", "best_sps",
-                                      "auto_vs_best", "median_fixed_sps", "auto_blocked",
-                                      "auto_idle", "auto_lag_mean", "auto_max_lag",
-                                      "auto_dropped", "auto_end"]))
+          + md_table(verdicts(rows), ["regime", "seeds", "auto_sps", "best_fixed", "best_sps",
+                                      "auto_vs_best", "settled_vs_best", "median_fixed_sps",
+                                      "auto_blocked", "auto_idle", "auto_lag_mean",
+                                      "auto_max_lag", "auto_dropped", "auto_end",
+                                      "auto_settled_s"]))
 
 
 def main(argv: list[str] | None = None) -> int:
   """Chosen settings only, side by side (the suite runs the whole grid):
 
-      python -m tools.suites.balance_grid OUT --regimes learner_bound \
+      python -m tools.suites.balance_grid OUT --regimes learner_bound --seeds 0-1 \
           --settings auto:1:6,off:6:2,off:3:6,off:1:6
   """
   parser = argparse.ArgumentParser(prog="python -m tools.suites.balance_grid",
@@ -141,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("out", type=Path)
   parser.add_argument("--regimes", default="fast,learner_bound")
   parser.add_argument("--settings", required=True, help="balance:U:N, comma separated")
-  parser.add_argument("--max_wall_s", type=float, default=45.0)
-  parser.add_argument("--warmup_s", type=float, default=15.0)
+  parser.add_argument("--max_wall_s", type=float, default=90.0)
+  parser.add_argument("--warmup_s", type=float, default=30.0)
+  parser.add_argument("--seeds", type=seed_list, default=[0], help="e.g. 0-1 or 0,3")
   args = parser.parse_args(argv)
   names = args.regimes.split(",")
   if any(r not in REGIMES for r in names):
@@ -153,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.error(f"--settings={args.settings}: must be balance:U:N items, e.g. auto:1:6")
   if any(b not in ("off", "auto") or u < 1 or n < 1 for b, u, n in chosen):
     parser.error(f"--settings={args.settings}: balance is off or auto, U and N >= 1")
-  result = run_settings(args.out, names, chosen, args.max_wall_s, args.warmup_s)
+  result = run_settings(args.out, names, chosen, args.max_wall_s, args.warmup_s, args.seeds)
   write_results(args.out, "balance_grid", result, " ".join(["python -m tools.suites.balance_grid",
                                                            *(argv or sys.argv[1:])]))
   print(result.tables_md)

@@ -13,8 +13,8 @@ learner idle over `target_idle` (production is short):
     the smallest value whose (K + 1) U covers every active actor's slots, or, if it covers them
     already, doubles (the learner waits for rollouts started only once new params exist: more
     in flight per version hides that wait, at no more lag); where U may not rise and the actors
-    wait more than twice their target, one actor pauses (the tickets, not the hands, are short:
-    fewer hands wait less);
+    wait more than twice their target, actors pause down to their working share and a spare,
+    in one move (the tickets, not the hands, are short: fewer hands wait less);
   - actors do not wait: a paused actor resumes; for replay the SPI target rises;
   - actors do not wait and none is paused: probe a larger U, then one actor fewer, each
     judged by throughput alone and kept only if it gains (where actors and learner share
@@ -24,23 +24,20 @@ learner idle over `target_idle` (production is short):
 learner busy (consumption is short):
   - mean lag over `target_lag`: F falls by one, down to a floor; at the floor U doubles with F
     at 2F - 1, which halves the lag step (the lag of a full pipeline is (F - U) / U versions);
-  - actors mostly blocked with the learner fully fed: one actor pauses if the others still make
-    what it takes; for replay, actors blocked over `target_blocked`: the SPI target falls;
+  - actors mostly blocked with the learner fully fed: actors pause down to what makes what it
+    takes, and a spare; for replay, actors blocked over `target_blocked`: the SPI target falls;
   - otherwise the operating point is reached.
 
-Every move is an experiment judged by the first `judge_windows` windows after it settles
-(pooled: one window at +-5% is too little evidence on a shared host); every decision, too,
-reads the pooled last `judge_windows` windows at the setting in force. A move that lowered the
-throughput (rollouts learned per second) by more than `rate_cost`, or, for a move that takes
-production away, raised the learner's idle by more than `idle_cost`, is undone and becomes a
-bound for that lever (a floor of F at that U, of the active actors; a ceiling of U, of the
-active actors); a resume or a probe that gained nothing is undone too. Without bounds the lag
-rule and the idle rule would alternate every window; with them each experiment is made once.
-On a host whose cores the actors share with the learner, a larger U can cost throughput (more
-runnable threads than cores): the judge finds that and pauses actors instead. Bounds are
-forgotten when the learner's rate, at a setting held for several windows, moves by more than
-`replan` (a second job on the device, a bigger network): the point they mark has moved. Every
-decision carries its reason and the measurements behind it.
+Every move is an experiment judged by the first `judge_windows` windows after it settles,
+pooled (one window at +-5% is too little evidence on a shared host), as every decision reads
+the last ones at the setting in force. A move that cost more than `rate_cost` of the
+throughput (rollouts learned per second), or that took production away and added more than
+`idle_cost` of learner idle, is undone into a bound for its lever (a floor or ceiling of F,
+U, the active actors); a resume or probe that gained nothing is undone too. So each experiment
+is made once (without bounds the lag and idle rules would alternate), and where actors share
+the learner's cores and a larger U costs throughput, the judge finds it and actors pause
+instead. Bounds are forgotten when the learner's rate at a held setting moves by more than
+`replan` (a second job on the device). Every decision carries its reason and measurements.
 """
 
 from __future__ import annotations
@@ -137,8 +134,7 @@ class Bounds:
 @dataclasses.dataclass(frozen=True)
 class Decision:
   setting: Setting
-  lever: str  # in_flight+/-, rollouts_per_update+/-, active_actors+/-, samples_per_insert+/-,
-  # or hold (nothing moved: the reason says why a target is not met)
+  lever: str  # a lever and direction (in_flight+, active_actors-, ...), undo, or hold
   reason: str
   window: Window
 
@@ -220,8 +216,8 @@ class BalanceController:
       self._ceiling_u = back.rollouts_per_update
       bound = f"U stays <= {back.rollouts_per_update}"
     elif trial.kind in ("active_actors-", "probe_active"):
-      self._floor_active = back.active_actors
-      bound = f"actors stay >= {back.active_actors}"
+      self._floor_active = s.active_actors + 1  # a jump's untried steps stay open
+      bound = f"actors stay >= {s.active_actors + 1}"
     elif trial.kind == "active_actors+":
       self._ceiling_active = back.active_actors
       bound = f"actors stay <= {back.active_actors}"
@@ -251,10 +247,11 @@ class BalanceController:
                           f"{idle}, {why_blocked} with F at (K + 1) U: U up to {u}: {why}")
     # Fewer hands only where waiting dominates (tickets short by far, not at the margin).
     if w.actors_blocked > max(2 * b.target_blocked, 0.3) and s.active_actors > self._floor_active:
-      return self._move(dataclasses.replace(s, active_actors=s.active_actors - 1),
-                        "active_actors-", w, f"{idle}, {why_blocked} with U at its limit "
-                        f"{s.rollouts_per_update}: the tickets are short, not the hands: one "
-                        "actor fewer")
+      n = self._fewer(s.active_actors * (1 - w.actors_blocked))
+      return self._move(dataclasses.replace(s, active_actors=n), "active_actors-", w,
+                        f"{idle}, {why_blocked} with U at its limit {s.rollouts_per_update}: "
+                        f"the tickets are short, not the hands: {n} actors (the working "
+                        "share and one spare)")
     if not blocked and s.active_actors < min(b.num_actors, self._ceiling_active):
       return self._move(dataclasses.replace(s, active_actors=s.active_actors + 1),
                         "active_actors+", w, f"{idle}, every active actor working: one more")
@@ -294,13 +291,13 @@ class BalanceController:
     # waiting and the learner fully fed (idle under a quarter of its target).
     if (w.actors_blocked > max(2 * b.target_blocked, 0.5) and w.learner_idle < b.target_idle / 4
         and s.active_actors > self._floor_active):
-      left = (s.active_actors - 1) * w.actor_rate
-      if left >= w.learner_rate * (1 + b.idle_cost):
-        return self._move(dataclasses.replace(s, active_actors=s.active_actors - 1),
-                          "active_actors-", w,
-                          f"{busy}, actors blocked {100 * w.actors_blocked:.0f}%: one actor "
-                          f"fewer ({s.active_actors - 1} make {left:.1f} rollouts/s >= the "
-                          f"{w.learner_rate:.1f} it takes)")
+      need = w.learner_rate * (1 + b.idle_cost)
+      n = self._fewer(need / max(w.actor_rate, 1e-9))
+      if n * w.actor_rate >= need:
+        return self._move(dataclasses.replace(s, active_actors=n), "active_actors-", w,
+                          f"{busy}, actors blocked {100 * w.actors_blocked:.0f}%: {n} actors "
+                          f"make {n * w.actor_rate:.1f} rollouts/s >= the "
+                          f"{w.learner_rate:.1f} it takes")
     if w.actors_blocked > b.target_blocked:
       spi = self._spi(-1)
       if spi is not None:
@@ -324,6 +321,12 @@ class BalanceController:
                         "probe_active", w, f"{idle}, every actor working: probing "
                         f"{s.active_actors - 1} actors")
     return None
+
+  def _fewer(self, working: float) -> int:
+    """Actors for a pause, in one move (one a window took most of a short run): the working
+    share rounded up and a spare; one fewer at least, never under the floor."""
+    n = math.ceil(working - 1e-9) + 1
+    return max(self._floor_active, min(self.setting.active_actors - 1, n))
 
   def _u_covering(self, slots: int) -> int:
     """The smallest allowed U whose (K + 1) U covers `slots` (else the largest)."""
@@ -350,8 +353,8 @@ class BalanceController:
     return spi if not math.isclose(spi, s.samples_per_insert) else None
 
   def _replan(self, w: Window) -> None:
-    """Forgets the bounds when the learner's rate moved at a held setting (they marked the
-    old plant's point). Medians of five windows, so a few noisy ones do not."""
+    """Forgets the bounds (the old plant's point) when the learner's median rate over five
+    windows moved at a held setting."""
     self._recent.append(w.learner_rate)
     if len(self._recent) < self._recent.maxlen:
       return
@@ -388,8 +391,7 @@ class BalanceController:
     return decision
 
   def _hold(self, kind: str, w: Window, reason: str) -> Decision | None:
-    """A hold is kept as a decision once (it would repeat every window), so the run's record
-    says why a target was not met."""
+    """Kept as a decision once (not every window), so the record says why a target is unmet."""
     if kind in self._held:
       return None
     self._held.add(kind)
