@@ -6,8 +6,8 @@ from jaxrl_async.decentralized import adaptive, graphs, simulator
 from jaxrl_async.decentralized import node as node_lib
 from jaxrl_async.decentralized import problem as problem_lib
 from jaxrl_async.decentralized.config import PolicyEvalConfig
-from jaxrl_async.decentralized.coordinator import Retuner
 from jaxrl_async.decentralized.processes import run_processes
+from jaxrl_async.decentralized.retune import Retuner, join_states, slice_node
 from jaxrl_async.decentralized.schedule import AsyncSchedule, Timing
 
 
@@ -117,7 +117,7 @@ def test_processes_converge_over_lossy_delayed_reordering_links():
   p = problem_lib.random_mdp(1, nodes=2, samples=160, features=6, states=15)
   faults = {"drop_prob": 0.3, "delay_s": 0.002, "delay_dist": "exponential"}
   r = run_processes(p, graphs.exponential(2), 20.0, 160.0, tol=1e-4, max_wall_s=120.0,
-                    faults=faults, measured_weights=True, max_backoffs=4)
+                    faults=faults, plan=adaptive.Plan("uniform", "measured"), max_backoffs=4)
   assert r.stopped == "tol", r.stopped
   # The processes go on updating between the coordinator's check and their stop, so the
   # error read after the stop may sit a little above tol (measured 1.0002e-4 once).
@@ -128,18 +128,20 @@ def test_processes_converge_over_lossy_delayed_reordering_links():
 
 def test_coordinator_retunes_weights_from_measured_intervals_and_backs_off_on_growth():
   p = problem_lib.random_mdp(1, nodes=3, samples=240, features=6, states=15, shards=6)
-  tuner = Retuner(graphs.exponential(3), p.count, p.shards_per_node(), p.shards, p.rho, 20.0,
-                  160.0, "uniform", 0, 0.0, measured_weights=True, max_backoffs=1)
+  tuner = Retuner(_adapter(p, adaptive.Plan("uniform", "measured")), max_backoffs=1)
   assert tuner.observe(0, 4e-3, None, 0.0) is None  # not every node has reported
   for i in (1, 2):
     tuner.observe(i, 1e-3, None, 0.0)
   event = tuner.observe(0, 4e-3, 0.5, 3.0)
   assert event["event"] == "replan" and event["speeds"] == [0.25, 1.0, 1.0]
+  assert "moves_shards" not in event  # the allocation does not follow speeds here
+  tuner.take_layout()
   fields = tuner.fields()
   assert fields[1]["pull_in"].min() < 0.5 * fields[1]["pull_in"].max()  # node 0's copy counts less
   assert tuner.observe(0, 4e-3, 0.4, 6.0) is None  # same speeds, error falling
   backoff = tuner.observe(0, 4e-3, 5.0, 7.0)  # > 10x the lowest (0.4)
   assert backoff["event"] == "step_backoff" and backoff["alpha_scale"] == 0.5
+  tuner.take_layout()
   np.testing.assert_allclose(tuner.fields()[0]["alpha"], 0.5 * fields[0]["alpha"])
   assert tuner.observe(0, 4e-3, 500.0, 8.0) is None  # no back-off left: the caller stops
 
@@ -159,3 +161,43 @@ def test_links_hold_messages_until_due_and_let_them_overtake():
     links.send(0, [m], now=m * 1e-4)
   links.flush(now=1.0)
   assert sorted(sent) == list(range(200)) and sent != list(range(200))  # all, out of order
+
+
+def _adapter(p, plan):
+  return adaptive.Adapter(node_lib.pool(p), graphs.exponential(p.nodes), p.rho, 20.0, 160.0,
+                          plan, held=None if plan.allocation == "measured" else
+                          p.shards_per_node())
+
+
+def test_a_node_slice_is_its_rows_and_blocks_and_the_slices_join_back():
+  p = problem_lib.random_mdp(1, nodes=3, samples=240, features=6, states=15, shards=6)
+  adapter = _adapter(p, adaptive.Plan("measured", "measured"))
+  adapter.measured = np.array([0.25, 1.0, 1.0])  # node 0 slow: 1 shard
+  consts = adapter.consts()
+  states = node_lib.pooled_init(consts, p.shards)._replace(
+      table=np.random.default_rng(0).normal(size=(240, 2)))
+  nodes = [slice_node(adapter.rows, consts, states, i) for i in range(3)]
+  held = adapter.held().tolist()
+  assert held[0] == 1 and sum(held) == 6
+  assert [int(c.count) for c, _ in nodes] == [40 * h for h in held]  # 40-row shards
+  assert [s.w.shape[0] for _, s in nodes] == held
+  assert all(c.block.min() == 0 and c.block.max() == s.w.shape[0] - 1 for c, s in nodes)
+  joined = join_states([s._asdict() for _, s in nodes])
+  for a, b in zip(joined, states, strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_slow_process_sheds_shards_by_a_hand_over_and_the_network_converges():
+  """Shards move between processes: node 0 4x slow from the start gets fewer shards once its
+  speed is measured (a hand-over: every state to the coordinator, migrated, handed back), and
+  the network still converges (the invariant kept across the move)."""
+  p = problem_lib.random_mdp(1, nodes=3, samples=480, features=6, states=15, shards=12)
+  r = run_processes(p, graphs.exponential(3), 20.0, 160.0, tol=1e-5, max_wall_s=120.0,
+                    slowdowns=(4.0, 1.0, 1.0), plan=adaptive.Plan("measured", "measured"),
+                    max_backoffs=4)
+  assert r.stopped == "tol", r.stopped
+  assert r.final_rel_error < 2e-5
+  moves = [e for e in r.extra["events"] if e.get("moves_shards")]
+  assert moves, r.extra["events"]
+  assert moves[0]["shards_per_node"][0] < 4 and sum(moves[0]["shards_per_node"]) == 12
+  assert all(e["handover_s"] < 5.0 for e in moves)

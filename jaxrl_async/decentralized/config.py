@@ -72,7 +72,8 @@ class PolicyEvalConfig:
                        "(in proportion to the declared speeds, 1 / --straggler_slowdown); "
                        "measured (in proportion to speeds measured online from each node's "
                        "activation intervals, re-planned during the run when they change; "
-                       "simulated async only, else uniform). Needs --shards well above --nodes.")
+                       "async only, else uniform; with --runtime=processes shards move by a "
+                       "hand-over). Needs --shards well above --nodes.")
   weights: str = _f("measured", "Pull/push weights: uniform over a node's neighbours and "
                     "itself; speed (in proportion to the declared speeds); measured (to the "
                     "speeds measured online, as --allocation). A slow node's stale copy counts "

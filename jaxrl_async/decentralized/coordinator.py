@@ -27,13 +27,15 @@ import numpy as np
 import zmq
 
 from jaxrl_async.decentralized import transport
-from jaxrl_async.decentralized.adaptive import back_off_scales
+from jaxrl_async.decentralized.adaptive import Adapter, Plan, migrate
 from jaxrl_async.decentralized.graphs import Graph
 from jaxrl_async.decentralized.problem import Problem, relative_errors
 from jaxrl_async.decentralized.results import DivergenceError, RunResult, consensus
+from jaxrl_async.decentralized.retune import Retuner, join_states
 from jaxrl_async.decentralized.transport import ProcessRuntimeError
 
 SETUP_TIMEOUT_S = 120.0  # a node imports JAX and compiles before it reports its port
+HANDOVER_TIMEOUT_S = 30.0  # every node's state at an activation boundary, for moving shards
 NODE_GRACE_S = 60.0  # a node gives up this long after the wall budget if never told to stop
 
 
@@ -158,81 +160,6 @@ def _set_up(control: zmq.Socket, children, setups: list[dict]) -> tuple[dict, di
   return ident, ports
 
 
-class Retuner:
-  """The coordinator's side of measured weights and step back-off in the process runtime.
-
-  Every node measures its own activation intervals (an exponentially weighted mean) and sends
-  it with its reports. When the speeds they give have moved by more than `hysteresis` since the
-  weights in use were set (at most once per `min_gap_s`), every node gets new pull/push weights
-  in proportion to them, and the steps that go with its weights (`node.network_scalars`). When
-  the worst error grows above `growth` times its lowest (or stops being finite), the steps are
-  made smaller (`adaptive.back_off_scales`, at most `max_backoffs` times; the nodes cannot go
-  back, they carry on from where they are), and the lowest is reset, so one blow-up is not
-  counted twice in a row. Each retune is
-  an event in `events`.
-  """
-
-  def __init__(self, graph: Graph, count: np.ndarray, held: np.ndarray, shards: int,
-               rho: float, alpha: float, beta: float, sampling: str, seed: int,
-               pull_lag: float, measured_weights: bool, max_backoffs: int,
-               hysteresis: float = 1.5, growth: float = 10.0, min_gap_s: float = 2.0):
-    self.graph, self.count, self.held, self.shards = graph, count, held, shards
-    self.rho, self.alpha, self.beta = rho, alpha, beta
-    self.sampling, self.seed, self.pull_lag = sampling, seed, pull_lag
-    self.measured_weights, self.backoffs_left = measured_weights, max_backoffs
-    self.hysteresis, self.growth, self.min_gap_s = hysteresis, growth, min_gap_s
-    n = graph.n
-    self.interval = np.full(n, np.nan)
-    self.speeds = np.ones(n)
-    self.backoffs, self.best, self.last_s = 0, math.inf, -math.inf
-    self.events: list[dict] = []
-
-  def fields(self) -> list[dict[str, np.ndarray]]:
-    """Every node's new weights and steps."""
-    from jaxrl_async.decentralized import node as node_lib
-
-    slots = self.graph.with_speeds(self.speeds if self.measured_weights else None).slot_tables()
-    alpha_scale, beta_scale = back_off_scales(self.backoffs)
-    f = node_lib.network_scalars(slots, self.count, self.held, self.shards, self.rho,
-                                 self.alpha * alpha_scale, self.beta * beta_scale,
-                                 self.sampling, self.seed, pull_lag=self.pull_lag)
-    keys = ("pull_self", "pull_in", "push_self", "push_out", "alpha", "beta")
-    return [{k: np.asarray(f[k][i]) for k in keys} for i in range(self.graph.n)]
-
-  def observe(self, i: int, interval: float, worst: float | None, elapsed: float
-              ) -> dict | None:
-    """Takes node i's measured interval and the network's worst error (None until every node
-    has reported); an event when the nodes must be retuned, else None."""
-    if isinstance(interval, float) and interval > 0:
-      self.interval[i] = interval
-    if worst is None:
-      return None
-    if self.backoffs_left and not (math.isfinite(worst) and worst <= self.growth * self.best):
-      self.backoffs_left -= 1
-      self.backoffs += 1
-      self.best = worst if math.isfinite(worst) else math.inf
-      alpha_scale, beta_scale = back_off_scales(self.backoffs)
-      return self._event("step_backoff", elapsed, worst_rel_error=worst,
-                         alpha_scale=alpha_scale, beta_scale=beta_scale)
-    self.best = min(self.best, worst)
-    if not self.measured_weights or np.isnan(self.interval).any():
-      return None
-    if elapsed - self.last_s < self.min_gap_s:
-      return None
-    speeds = (1.0 / self.interval) / (1.0 / self.interval).max()
-    moved = speeds / self.speeds
-    if moved.max() / moved.min() <= self.hysteresis:
-      return None
-    self.speeds = speeds
-    return self._event("replan", elapsed, speeds=[round(float(v), 4) for v in speeds])
-
-  def _event(self, why: str, elapsed: float, **info) -> dict:
-    self.last_s = elapsed
-    event = {"event": why, "time": elapsed, **info}
-    self.events.append(event)
-    return event
-
-
 def _watch(control: zmq.Socket, children, watch: _Watch, t0: float, max_wall_s: float,
            divergence: float, on_record, retuner: Retuner,
            ident: dict[int, bytes]) -> tuple[str, float | None]:
@@ -253,8 +180,12 @@ def _watch(control: zmq.Socket, children, watch: _Watch, t0: float, max_wall_s: 
                             record["worst_rel_error"], elapsed)
     if event is not None:
       event["k"] = int(watch.clocks.sum())
-      for j, fields in enumerate(retuner.fields()):
-        control.send_multipart([ident[j], pickle.dumps(("retune", fields))])
+      if event.get("moves_shards"):
+        event["handover_s"] = _hand_over(control, children, retuner, ident)
+      else:
+        retuner.take_layout()
+        for j, fields in enumerate(retuner.fields()):
+          control.send_multipart([ident[j], pickle.dumps(("retune", fields))])
       if on_record is not None:
         on_record(event)
     if record is None:
@@ -266,6 +197,33 @@ def _watch(control: zmq.Socket, children, watch: _Watch, t0: float, max_wall_s: 
       return "diverged", worst
     if worst < watch.tol:
       return "tol", None
+
+
+def _hand_over(control: zmq.Socket, children, retuner: Retuner, ident: dict[int, bytes]
+               ) -> float:
+  """Moves shards: every node's state at an activation boundary, carried to the new layout
+  (`adaptive.migrate`), each node's new rows and state handed back (`retune`'s docstring).
+  Returns the seconds the network paused."""
+  t0, n = time.monotonic(), len(ident)
+  for i in range(n):
+    control.send_multipart([ident[i], pickle.dumps(("handover", None))])
+  states: dict[int, dict] = {}
+  while len(states) < n:
+    children.check()
+    if time.monotonic() - t0 > HANDOVER_TIMEOUT_S:
+      raise ProcessRuntimeError(f"only {len(states)} of {n} nodes handed their state over "
+                                f"within {HANDOVER_TIMEOUT_S}s")
+    if control.poll(50):
+      msg = _recv(control)[1]
+      if msg[0] == "state" and len(msg) == 3:  # reports sent before the hand-over are stale
+        states[msg[1]] = msg[2]
+  old, new = retuner.take_layout()
+  carried = migrate(retuner.adapter.rows, old, new, join_states([states[i] for i in range(n)]))
+  for i in range(n):
+    const, state = retuner.node(i, carried)
+    control.send_multipart([ident[i], pickle.dumps(("resume", {"const": tuple(const),
+                                                               "state": tuple(state)}))])
+  return time.monotonic() - t0
 
 
 def _collect(control: zmq.Socket, children, ident: dict[int, bytes]
@@ -298,7 +256,7 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
                   report_every_s: float = 0.02, divergence: float = 1e6,
                   on_record=None, pull_lag: float = 0.0, hosts: tuple[str, ...] = (),
                   coordinator: tuple[str, int] | None = None, keys: dict | None = None,
-                  faults: dict | None = None, measured_weights: bool = False,
+                  faults: dict | None = None, plan: Plan | None = None,
                   max_backoffs: int = 0):
   """Run the asynchronous method with one process per node; returns a `simulator.RunResult`
   whose `time` is wall seconds since the nodes started and whose k is the sum of activations.
@@ -309,7 +267,9 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
   `keys`: the run's CURVE keys (`transport.make_keys`) to authenticate and encrypt every socket,
   or None for none; the nodes started here get theirs through their environment, nodes started
   elsewhere from their launcher. `faults`: what the nodes inject into their links and when
-  they are slow (`processes.Links`). `measured_weights`, `max_backoffs`: see `Retuner`.
+  they are slow (`processes.Links`). `plan`: what the allocation and weights follow
+  (`adaptive.Plan`; None: the problem's allocation and the graph's weights, fixed);
+  `max_backoffs`: see `retune.Retuner`.
 
   Raises:
     ProcessRuntimeError: a node failed (its output is in the message) or timed out.
@@ -317,23 +277,26 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
   """
   from jaxrl_async.decentralized import node as node_lib
 
-  consts = node_lib.network_consts(problem, graph, alpha, beta, sampling, seed,
-                                   pull_lag=pull_lag)
-  init = node_lib.init_state(consts)
+  # The pooled layout the simulator re-plans with; each node gets its own slice of it.
+  if plan is None:  # as given: the problem's allocation and the graph's own weights
+    declared = graph.speeds or ()
+    plan = Plan("speed", "speed" if declared else "uniform", declared)
+  adapter = Adapter(node_lib.pool(problem), graph, problem.rho, alpha, beta, plan, sampling,
+                    seed, pull_lag=pull_lag,
+                    held=None if plan.allocation == "measured" else problem.shards_per_node())
+  retuner = Retuner(adapter, max_backoffs)
+  init = node_lib.pooled_init(retuner.in_force, problem.shards)
+  nodes = [retuner.node(i, init) for i in range(graph.n)]
   slots = graph.slot_tables()
   n = graph.n
   slow = slowdowns or (1.0,) * n
   hosts = hosts or ("127.0.0.1",) * n
-  setups = [{"const": tuple(np.asarray(x)[i] for x in consts),
-             "state": tuple(np.asarray(x)[i] for x in init),
+  setups = [{"const": tuple(nodes[i][0]), "state": tuple(nodes[i][1]),
              "in_nbr": slots["in_nbr"][i], "out_nbr": slots["out_nbr"][i], "bind": hosts[i],
              "slowdown": float(slow[i]), "report_every_s": report_every_s,
              "faults": faults or {}, "seed": seed,
              "give_up_s": max_wall_s + SETUP_TIMEOUT_S + NODE_GRACE_S} for i in range(n)]
   watch = _Watch(n, problem.theta_star(), tol)
-  retuner = Retuner(graph, problem.count, problem.shards_per_node(), problem.shards,
-                    problem.rho, alpha, beta, sampling, seed, pull_lag, measured_weights,
-                    max_backoffs)
 
   ctx = zmq.Context()
   auth = transport.start_authenticator(ctx, keys)

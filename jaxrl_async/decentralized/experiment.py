@@ -60,7 +60,7 @@ def run(config: PolicyEvalConfig, problem: problem_lib.Problem | None = None,
                          on_record=on_record, pull_lag=config.pull_lag,
                          hosts=config.host_addrs, coordinator=coordinator,
                          keys=curve_keys(config), faults=make_faults(config),
-                         measured_weights=config.weights == "measured",
+                         plan=config.plan,
                          max_backoffs=config.max_backoffs)
   from jaxrl_async.decentralized import simulator
 

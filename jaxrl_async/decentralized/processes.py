@@ -172,7 +172,7 @@ class Links:
 
 
 def _retune(node_lib, const, state, fields: dict):
-  """New weights and steps from the coordinator (`coordinator.Retuner`), applied between two
+  """New weights and steps from the coordinator (`retune.Retuner`), applied between two
   activations. The tracker is rescaled so that the mass the node holds, b_ii y, is unchanged:
   the push-pull invariant needs exactly that (see `adaptive.migrate`)."""
   import jax
@@ -181,6 +181,30 @@ def _retune(node_lib, const, state, fields: dict):
   const = const._replace(**{k: jax.device_put(np.asarray(v)) for k, v in fields.items()})
   ratio = push_self_old / float(np.asarray(const.push_self))
   return const, state._replace(y=state.y * ratio)
+
+
+def _hand_over(node_lib, control, node_id, state, give_up):
+  """Shards move (`retune`'s docstring): this node's state goes to the coordinator, and its
+  new rows and state come back; (const, state) on device, or None if told to stop meanwhile.
+  Data messages that arrive in between wait in the socket."""
+  import jax
+
+  control.send_pyobj(("state", node_id, {k: np.asarray(v)
+                                         for k, v in state._asdict().items()}))
+  while time.monotonic() < give_up:
+    if not control.poll(100):
+      continue
+    kind, payload = transport.loads(control.recv())
+    if kind == "stop":
+      return None
+    if kind == "resume":
+      const = node_lib.NodeConst(*(jax.device_put(np.asarray(x)) for x in payload["const"]))
+      state = node_lib.NodeState(*(jax.device_put(np.asarray(x)) for x in payload["state"]))
+      d_in, d = np.shape(state.theta_in)
+      empty = node_lib.Inbox(np.zeros((d_in, d)), np.zeros((d_in, d)), -np.ones(d_in, np.int64))
+      node_lib.node_update_jit(const, state, empty)  # new row count: compile before resuming
+      return const, state
+  return None
 
 
 def _node_loop(node_lib, control, data, links, const, state, in_slot, node_id, slowdown,
@@ -207,6 +231,10 @@ def _node_loop(node_lib, control, data, links, const, state, in_slot, node_id, s
       stop = kind == "stop"
       if kind == "retune":
         const, state = _retune(node_lib, const, state, payload)
+      elif kind == "handover":
+        handed = _hand_over(node_lib, control, node_id, state, give_up)
+        stop, last_start = handed is None, None  # the pause is not an activation interval
+        const, state = handed or (const, state)
     if stop:
       break
     if os.getppid() != parent:  # the parent died (we were re-parented): do not linger
