@@ -38,6 +38,22 @@ def seed_list(text: str) -> list[int]:
   return out
 
 
+def choice_list(allowed) -> Any:
+  """An argparse type: "a,b" -> ["a", "b"], each one of `allowed` (else a usage error, exit 2,
+  naming what is allowed)."""
+  allowed = tuple(allowed)
+
+  def parse(text: str) -> list[str]:
+    items = text.split(",")
+    bad = [x for x in items if x not in allowed]
+    if bad:
+      raise argparse.ArgumentTypeError(f"{text!r}: {', '.join(bad)} not one of "
+                                       f"{', '.join(allowed)}")
+    return items
+
+  return parse
+
+
 @dataclasses.dataclass
 class SuiteResult:
   """Rows (one JSON object each) plus the Markdown tables a person reads."""

@@ -32,7 +32,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tools.bench_common import Progress, SuiteResult, md_table, seed_list, write_results
+from tools.bench_common import (
+  Progress,
+  SuiteResult,
+  choice_list,
+  md_table,
+  seed_list,
+  write_results,
+)
 from tools.suites.convergence import lag_mean, read_records, run_train
 
 K = 1
@@ -178,15 +185,13 @@ def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m tools.suites.balance_grid",
                                    description=main.__doc__.splitlines()[0])
   parser.add_argument("out", type=Path)
-  parser.add_argument("--regimes", default="fast,learner_bound")
+  parser.add_argument("--regimes", type=choice_list(REGIMES), default=["fast", "learner_bound"])
   parser.add_argument("--settings", required=True, help="balance:U:N, comma separated")
   parser.add_argument("--max_wall_s", type=float, default=90.0)
   parser.add_argument("--warmup_s", type=float, default=30.0)
   parser.add_argument("--seeds", type=seed_list, default=[0], help="e.g. 0-1 or 0,3")
   args = parser.parse_args(argv)
-  names = args.regimes.split(",")
-  if any(r not in REGIMES for r in names):
-    parser.error(f"--regimes={args.regimes}: each must be one of {', '.join(REGIMES)}")
+  names = args.regimes
   try:
     chosen = [(b, int(u), int(n)) for b, u, n in (x.split(":") for x in args.settings.split(","))]
   except ValueError:

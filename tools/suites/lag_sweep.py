@@ -22,7 +22,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tools.bench_common import Progress, SuiteResult, md_table, seed_list, write_results
+from tools.bench_common import (
+  Progress,
+  SuiteResult,
+  choice_list,
+  md_table,
+  seed_list,
+  write_results,
+)
 from tools.suites.convergence import ACROBOT, median, plot_returns, run_train
 
 PRESET = "cartpole_impala"
@@ -224,26 +231,20 @@ def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m tools.suites.lag_sweep",
                                    description=main.__doc__.splitlines()[0])
   parser.add_argument("out", type=Path)
-  parser.add_argument("--tasks", default=",".join(TASKS), help=f"of {', '.join(TASKS)}")
+  parser.add_argument("--tasks", type=choice_list(TASKS), default=list(TASKS))
   parser.add_argument("--lags", default="0,1,2,4,8,none", help="K values; none: no cap")
   parser.add_argument("--seeds", type=seed_list, default=[0, 1, 2])
-  parser.add_argument("--weightings", default="off",
-                      help="lag weightings also run at K in 4, 8, none (off, inverse, exp)")
+  parser.add_argument("--weightings", type=choice_list(("off", "inverse", "exp")),
+                      default=["off"], help="lag weightings also run at K in 4, 8, none")
   args = parser.parse_args(argv)
-  tasks = args.tasks.split(",")
-  if any(t not in TASKS for t in tasks):
-    parser.error(f"--tasks={args.tasks}: each must be one of {', '.join(TASKS)}")
   try:
     lags = tuple(None if x == "none" else int(x) for x in args.lags.split(","))
   except ValueError:
     parser.error(f"--lags={args.lags}: must be integers >= 0 or none, comma separated")
   if any(k is not None and k < 0 for k in lags):
     parser.error(f"--lags={args.lags}: must be integers >= 0 or none, comma separated")
-  weightings = tuple(args.weightings.split(","))
-  if any(w not in ("off", "inverse", "exp") for w in weightings):
-    parser.error(f"--weightings={args.weightings}: each must be off, inverse or exp")
-  result = run(args.out, False, weightings=weightings, seeds=args.seeds,
-               tasks={t: TASKS[t] for t in tasks}, lags=lags)
+  result = run(args.out, False, weightings=tuple(args.weightings), seeds=args.seeds,
+               tasks={t: TASKS[t] for t in args.tasks}, lags=lags)
   write_results(args.out, "lag_sweep", result,
                 " ".join(["python -m tools.suites.lag_sweep", *(argv or sys.argv[1:])]))
   print(result.tables_md)
