@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
   clock = "wall_s" if config.runtime == "processes" else "virtual_time"
   print(f"policy_evaluation: {problem.name}, {config.topology} graph, mode={config.mode}, "
         f"runtime={config.runtime}{_placement(config)}, N={config.nodes}, alpha={config.alpha}, "
-        f"beta={config.beta}, pull_lag={config.pull_lag}, {problem.shards} shards "
+        f"beta={config.beta}, pull_lag={config.n_pull_lag}, {problem.shards} shards "
         f"({config.allocation} allocation), {config.weights} weights, rows per node "
         f"{problem.count.tolist()} -> {run_dir}", flush=True)
   writer = experiment.MetricsWriter(run_dir / "metrics.jsonl")

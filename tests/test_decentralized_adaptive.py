@@ -1,11 +1,12 @@
 """Speeds measured online and what follows them; step back-off; faults on real sockets."""
 
 import numpy as np
+import pytest
 
 from jaxrl_async.decentralized import adaptive, graphs, simulator
 from jaxrl_async.decentralized import node as node_lib
 from jaxrl_async.decentralized import problem as problem_lib
-from jaxrl_async.decentralized.config import PolicyEvalConfig
+from jaxrl_async.decentralized.config import ConfigError, PolicyEvalConfig
 from jaxrl_async.decentralized.processes import run_processes
 from jaxrl_async.decentralized.retune import Retuner, join_states, slice_node
 from jaxrl_async.decentralized.schedule import AsyncSchedule, Timing
@@ -109,6 +110,11 @@ def test_default_shards_are_160_row_runs_and_the_remedy_is_on():
   assert PolicyEvalConfig(nodes=3).n_shards == 78
   assert not PolicyEvalConfig(mode="sync").adapts
   assert PolicyEvalConfig(stragglers=1, straggler_after=5.0).plan.measures
+  # The pull-lag factor by runtime: 2 simulated, 0 over processes (fresher copies there).
+  assert c.n_pull_lag == 2.0 and PolicyEvalConfig(runtime="processes").n_pull_lag == 0.0
+  assert PolicyEvalConfig(runtime="processes", pull_lag=1.5).n_pull_lag == 1.5
+  with pytest.raises(ConfigError, match="pull_lag"):
+    PolicyEvalConfig(pull_lag=-2.0)
   # The default out-degree of a random graph is one that two nodes can have.
   assert PolicyEvalConfig(nodes=2, topology="random").n_out_degree == 1
 
@@ -126,24 +132,41 @@ def test_processes_converge_over_lossy_delayed_reordering_links():
   assert 0.2 * r.updates < r.extra["injected_drops"] < 0.4 * r.updates
 
 
-def test_coordinator_retunes_weights_from_measured_intervals_and_backs_off_on_growth():
+def test_coordinator_retunes_weights_from_measured_rates_and_backs_off_on_growth():
   p = problem_lib.random_mdp(1, nodes=3, samples=240, features=6, states=15, shards=6)
   tuner = Retuner(_adapter(p, adaptive.Plan("uniform", "measured")), max_backoffs=1)
-  assert tuner.observe(0, 4e-3, None, 0.0) is None  # not every node has reported
-  for i in (1, 2):
-    tuner.observe(i, 1e-3, None, 0.0)
-  event = tuner.observe(0, 4e-3, 0.5, 3.0)
+
+  def report(t, worst=None):  # node 0 makes 250 activations a second, the others 1000
+    for i, rate in enumerate((250, 1000, 1000)):
+      event = tuner.observe(i, int(rate * t), worst if i == 2 else None, t)
+    return event
+
+  assert report(0.0, 0.5) is None  # no rate yet
+  event = report(1.0, 0.5)  # half the 2-s window seen
   assert event["event"] == "replan" and event["speeds"] == [0.25, 1.0, 1.0]
   assert "moves_shards" not in event  # the allocation does not follow speeds here
   tuner.take_layout()
   fields = tuner.fields()
   assert fields[1]["pull_in"].min() < 0.5 * fields[1]["pull_in"].max()  # node 0's copy counts less
-  assert tuner.observe(0, 4e-3, 0.4, 6.0) is None  # same speeds, error falling
-  backoff = tuner.observe(0, 4e-3, 5.0, 7.0)  # > 10x the lowest (0.4)
+  assert report(3.0, 0.4) is None  # same speeds, error falling
+  backoff = report(4.0, 5.0)  # > 10x the lowest (0.4)
   assert backoff["event"] == "step_backoff" and backoff["alpha_scale"] == 0.5
   tuner.take_layout()
   np.testing.assert_allclose(tuner.fields()[0]["alpha"], 0.5 * fields[0]["alpha"])
-  assert tuner.observe(0, 4e-3, 500.0, 8.0) is None  # no back-off left: the caller stops
+  assert report(5.0, 500.0) is None  # no back-off left: the caller stops
+
+
+def test_nodes_descheduled_in_turns_are_not_read_as_slow():
+  """More processes than cores: each node runs in bursts (here 40 ms on, 20 ms off, in turns),
+  equally fast over seconds. Measured over a 2-s window nothing moves in 30 s."""
+  p = problem_lib.random_mdp(1, nodes=3, samples=240, features=6, states=15, shards=6)
+  tuner = Retuner(_adapter(p, adaptive.Plan("measured", "measured")), max_backoffs=0)
+  clocks = np.zeros(3)
+  for step in range(1500):  # a report from every node every 20 ms
+    t = 0.02 * step
+    for i in range(3):
+      clocks[i] += 0 if (step + i) % 3 == 0 else 20  # 1000 a second while running
+      assert tuner.observe(i, int(clocks[i]), 0.1, t) is None, (t, tuner.speeds())
 
 
 def test_links_hold_messages_until_due_and_let_them_overtake():

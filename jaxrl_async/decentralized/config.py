@@ -85,10 +85,11 @@ class PolicyEvalConfig:
   rho: float = _f(0.01, "Ridge coefficient rho of the MSPBE.")
   alpha: float = _f(20.0, "Primal step per pass over a node's rows (node i steps alpha / M_i).")
   beta: float = _f(160.0, "Dual step per pass over a node's rows (node i steps beta / M_i).")
-  pull_lag: float = _f(2.0, "Async: multiply node i's primal step by 1 + (1 - a_ii) * this, to "
-                       "make up for the pull's averaging with in-neighbours' copies that are "
-                       "this many activations behind (1.5-2 measured best with equal node "
-                       "speeds; the same value for every N); 0: off.")
+  pull_lag: float = _f(-1.0, "Async: multiply node i's primal step by 1 + (1 - a_ii) * this, "
+                       "to make up for the pull's averaging with in-neighbours' copies that "
+                       "are this many activations behind; 0: off; -1: by runtime, 2 simulated "
+                       "(1.5-2 measured best, every N), 0 processes (there 2 took 1.3-1.6x "
+                       "the updates at N = 2 and 4: a copy is fresher than in the simulator).")
   sampling: str = _f("uniform", "SAG row choice: uniform (SAG) or cyclic (IAG).")
   mode: str = _f("async", f"Method: {', '.join(MODES)} (centralized: one node, all data).")
   runtime: str = _f("simulated", f"Where nodes run: {', '.join(RUNTIMES)}.")
@@ -163,7 +164,9 @@ class PolicyEvalConfig:
       value = getattr(self, name)
       if not (_is_num(value) and value > 0):
         raise ConfigError(name, value, "must be a number > 0")
-    for name in ("delay", "max_time", "pull_lag", "straggler_after", "straggler_until",
+    if not (_is_num(self.pull_lag) and (self.pull_lag >= 0 or self.pull_lag == -1)):
+      raise ConfigError("pull_lag", self.pull_lag, "must be a number >= 0, or -1 (by runtime)")
+    for name in ("delay", "max_time", "straggler_after", "straggler_until",
                  "link_delay_ms"):
       value = getattr(self, name)
       if not (_is_num(value) and value >= 0):
@@ -275,6 +278,12 @@ class PolicyEvalConfig:
   @property
   def n_out_degree(self) -> int:
     return self.out_degree or max(1, min(2, self.nodes - 1))
+
+  @property
+  def n_pull_lag(self) -> float:
+    if self.pull_lag >= 0:
+      return float(self.pull_lag)
+    return 0.0 if self.runtime == "processes" else 2.0
 
   @property
   def n_samples(self) -> int:

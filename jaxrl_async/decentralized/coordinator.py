@@ -172,11 +172,11 @@ def _watch(control: zmq.Socket, children, watch: _Watch, t0: float, max_wall_s: 
     if not control.poll(50):
       continue
     msg = _recv(control)[1]
-    if msg[0] != "report" or len(msg) != 5:
+    if msg[0] != "report" or len(msg) != 4:
       continue
-    _, i, stamp, theta, interval = msg
+    _, i, stamp, theta = msg
     record = watch.report(i, stamp, theta, elapsed)
-    event = retuner.observe(i, interval, None if record is None else
+    event = retuner.observe(i, stamp, None if record is None else
                             record["worst_rel_error"], elapsed)
     if event is not None:
       event["k"] = int(watch.clocks.sum())

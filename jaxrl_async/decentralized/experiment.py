@@ -57,7 +57,7 @@ def run(config: PolicyEvalConfig, problem: problem_lib.Problem | None = None,
     coordinator = parse_endpoint(config.coordinator) if config.coordinator else None
     return run_processes(problem, graph, config.alpha, config.beta, config.sampling,
                          config.seed, config.tol, config.max_wall_s, config.slowdowns,
-                         on_record=on_record, pull_lag=config.pull_lag,
+                         on_record=on_record, pull_lag=config.n_pull_lag,
                          hosts=config.host_addrs, coordinator=coordinator,
                          keys=curve_keys(config), faults=make_faults(config),
                          plan=config.plan,
@@ -65,7 +65,7 @@ def run(config: PolicyEvalConfig, problem: problem_lib.Problem | None = None,
   from jaxrl_async.decentralized import simulator
 
   sim = simulator.build(problem, graph, config.mode, make_timing(config), config.alpha,
-                        config.beta, config.sampling, config.seed, pull_lag=config.pull_lag,
+                        config.beta, config.sampling, config.seed, pull_lag=config.n_pull_lag,
                         plan=config.plan if config.adapts else None)
   return simulator.run(sim, config.tol, config.max_updates, config.max_time or math.inf,
                        config.max_wall_s, on_record=on_record, backoffs=config.max_backoffs)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import math
 import os
 import struct
 import sys
@@ -213,18 +212,9 @@ def _node_loop(node_lib, control, data, links, const, state, in_slot, node_id, s
   theta_buf, sigma_buf = np.zeros((d_in, d)), np.zeros((d_in, d))
   stamp_buf = -np.ones(d_in, np.int64)
   ignored, last_report, parent = 0, 0.0, os.getppid()
-  # Activation intervals, measured here and reported: an exponentially weighted mean with a
-  # half-life of 64 activations (10-60 ms here). Longer than the simulator's 8: wall-clock
-  # intervals carry the OS's scheduling noise, which made 8 re-plan every second on a loaded
-  # 2-core machine.
-  decay, interval, last_start = 0.5 ** (1 / 64), math.nan, None
   start = time.monotonic()
   while True:
     now = time.monotonic()
-    if last_start is not None:
-      gap = now - last_start
-      interval = gap if math.isnan(interval) else decay * interval + (1 - decay) * gap
-    last_start = now
     stop = False
     while not stop and control.poll(0):
       kind, payload = transport.loads(control.recv())
@@ -233,7 +223,7 @@ def _node_loop(node_lib, control, data, links, const, state, in_slot, node_id, s
         const, state = _retune(node_lib, const, state, payload)
       elif kind == "handover":
         handed = _hand_over(node_lib, control, node_id, state, give_up)
-        stop, last_start = handed is None, None  # the pause is not an activation interval
+        stop = handed is None
         const, state = handed or (const, state)
     if stop:
       break
@@ -268,7 +258,7 @@ def _node_loop(node_lib, control, data, links, const, state, in_slot, node_id, s
     if slowdown > 1 and links.slow(now - start):
       time.sleep((slowdown - 1) * (time.perf_counter() - t_update))
     if now - last_report >= report_every_s:
-      control.send_pyobj(("report", node_id, stamp, theta, interval))
+      control.send_pyobj(("report", node_id, stamp, theta))
       last_report = now
   final = {k: np.asarray(v) for k, v in state._asdict().items() if k != "table"}
   control.send_pyobj(("final", node_id, final, links.dropped, links.injected_drops))
