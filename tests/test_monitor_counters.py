@@ -48,3 +48,25 @@ def test_blocked_is_over_the_actors_time_not_paused():
   assert paused == 0.5 and blocked == 0.25
   assert actor_fractions(1.5, 0.0, 2.0, 6) == (0.125, 0.0)
   assert actor_fractions(0.0, 12.0, 2.0, 6) == (0.0, 1.0)  # all paused: nothing blocked
+
+
+def test_a_paused_actor_counts_its_pause_while_it_lasts():
+  """Paused by the balancer for the rest of the run, an actor's pause shows in every metrics
+  interval (it was counted only on resuming, so a pause that never ended never showed)."""
+  import time
+  from types import SimpleNamespace
+
+  from jaxrl_async.runtime.pipeline.actor import Actor
+  from jaxrl_async.runtime.pipeline.balancer import ActorGate
+
+  me = SimpleNamespace(gate=ActorGate(2, active=1), index=1, stop=threading.Event(),
+                       timers=ActorTimers())
+  waiter = threading.Thread(target=Actor._wait_ticket, args=(me, 0))
+  waiter.start()
+  try:
+    time.sleep(0.45)
+    assert me.timers.paused_s >= 0.3  # still paused, and counted
+  finally:
+    me.stop.set()
+    waiter.join(timeout=5)
+  assert not waiter.is_alive()

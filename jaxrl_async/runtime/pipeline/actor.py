@@ -139,6 +139,10 @@ class Actor:
     if self.gate is not None:
       t0 = time.perf_counter()
       while not self.gate.wait_active(self.index, _WAKE_S):
+        # Counted as it goes: an actor paused for the rest of the run is paused in every
+        # metrics interval, not only when (if ever) it resumes.
+        now = time.perf_counter()
+        self.timers.paused_s, t0 = self.timers.paused_s + now - t0, now
         if self.stop.is_set():
           return False
       self.timers.paused_s += time.perf_counter() - t0
