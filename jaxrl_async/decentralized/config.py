@@ -165,9 +165,8 @@ class PolicyEvalConfig:
       if not (_is_num(value) and value > 0):
         raise ConfigError(name, value, "must be a number > 0")
     if not (_is_num(self.pull_lag) and (self.pull_lag >= 0 or self.pull_lag == -1)):
-      raise ConfigError("pull_lag", self.pull_lag, "must be a number >= 0, or -1 (by runtime)")
-    for name in ("delay", "max_time", "straggler_after", "straggler_until",
-                 "link_delay_ms"):
+      raise ConfigError("pull_lag", self.pull_lag, "must be >= 0, or -1 (by runtime)")
+    for name in ("delay", "max_time", "straggler_after", "straggler_until", "link_delay_ms"):
       value = getattr(self, name)
       if not (_is_num(value) and value >= 0):
         raise ConfigError(name, value, "must be a number >= 0")
@@ -177,8 +176,7 @@ class PolicyEvalConfig:
       raise ConfigError("straggler_until", self.straggler_until,
                         f"must be 0 (never) or > --straggler_after={self.straggler_after}")
     if self.stragglers > self.nodes:
-      raise ConfigError("stragglers", self.stragglers,
-                        f"must be <= --nodes={self.nodes}")
+      raise ConfigError("stragglers", self.stragglers, f"must be <= --nodes={self.nodes}")
     if self.topology == "random" and self.nodes > 1 and not self.n_out_degree <= self.nodes - 1:
       raise ConfigError("out_degree", self.out_degree,
                         f"must be in [1, {self.nodes - 1}] for --nodes={self.nodes}")

@@ -250,6 +250,20 @@ def _collect(control: zmq.Socket, children, ident: dict[int, bytes]
   return finals, dropped, injected
 
 
+def _adapter(problem: Problem, graph: Graph, alpha: float, beta: float, plan: Plan | None,
+             sampling: str, seed: int, pull_lag: float) -> Adapter:
+  """The pooled layout the simulator re-plans with; each node runs its own slice of it. No
+  plan: as given, the problem's allocation and the graph's own weights, fixed."""
+  from jaxrl_async.decentralized import node as node_lib
+
+  if plan is None:
+    declared = graph.speeds or ()
+    plan = Plan("speed", "speed" if declared else "uniform", declared)
+  return Adapter(node_lib.pool(problem), graph, problem.rho, alpha, beta, plan, sampling, seed,
+                 pull_lag=pull_lag,
+                 held=None if plan.allocation == "measured" else problem.shards_per_node())
+
+
 def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
                   sampling: str = "uniform", seed: int = 0, tol: float = 1e-10,
                   max_wall_s: float = 120.0, slowdowns: tuple[float, ...] = (),
@@ -277,14 +291,8 @@ def run_processes(problem: Problem, graph: Graph, alpha: float, beta: float,
   """
   from jaxrl_async.decentralized import node as node_lib
 
-  # The pooled layout the simulator re-plans with; each node gets its own slice of it.
-  if plan is None:  # as given: the problem's allocation and the graph's own weights
-    declared = graph.speeds or ()
-    plan = Plan("speed", "speed" if declared else "uniform", declared)
-  adapter = Adapter(node_lib.pool(problem), graph, problem.rho, alpha, beta, plan, sampling,
-                    seed, pull_lag=pull_lag,
-                    held=None if plan.allocation == "measured" else problem.shards_per_node())
-  retuner = Retuner(adapter, max_backoffs)
+  retuner = Retuner(_adapter(problem, graph, alpha, beta, plan, sampling, seed, pull_lag),
+                    max_backoffs)
   init = node_lib.pooled_init(retuner.in_force, problem.shards)
   nodes = [retuner.node(i, init) for i in range(graph.n)]
   slots = graph.slot_tables()
