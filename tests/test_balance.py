@@ -13,7 +13,8 @@ from jaxrl_async.config import RateConfig
 from jaxrl_async.runtime.learners.loop import LearnerLoop
 from jaxrl_async.runtime.learners.on_policy import OnPolicyStep
 from jaxrl_async.runtime.learners.spi_limiter import SampleToInsertRatio
-from jaxrl_async.runtime.pipeline.balance import BalanceController, Bounds, Setting, Window
+from jaxrl_async.runtime.pipeline.balance import BalanceController
+from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting, Window
 from jaxrl_async.runtime.pipeline.balancer import ActorGate
 from jaxrl_async.runtime.pipeline.queue import QueueClosed, RolloutInfo, RolloutQueue
 from jaxrl_async.runtime.pipeline.rate import RateController
@@ -41,34 +42,45 @@ def test_an_idle_learner_with_blocked_actors_gets_more_tickets_then_a_larger_u()
   # (K + 1) U must cover 4 actors' slots: U = 2 gives 4 tickets.
   assert d.lever == "rollouts_per_update+" and c.setting == Setting(2, 4, 4)
   assert "cover 4 actors' 4 slots" in d.reason
-  # Every actor working, the learner still idle: probe a larger U, then one actor fewer; each
-  # costs throughput here, so each is undone into a bound; then production-bound, said once.
+  # Every actor working, the learner still idle: probe a larger U, then half the actors, then
+  # (that undone) the step between; each costs throughput here, so each is undone into a
+  # bound; then production-bound, said once.
   d = c.step(window(idle=0.8, blocked=0.05))
   assert d.lever == "rollouts_per_update+" and "probing U = 4" in d.reason
   d = c.step(window(idle=0.8, blocked=0.05, consumed=15))
   assert d.lever == "undo" and c.setting == Setting(2, 4, 4)
-  d = c.step(window(idle=0.8, blocked=0.05))
-  assert d.lever == "active_actors-" and "probing 3 actors" in d.reason
-  d = c.step(window(idle=0.8, blocked=0.05, consumed=15))
-  assert d.lever == "undo" and c.setting == Setting(2, 4, 4)
+  for probe, consumed in ((2, 17), (3, 15)):  # half the actors lost 15%: 3 may still gain
+    d = c.step(window(idle=0.8, blocked=0.05))
+    assert d.lever == "active_actors-" and f"probing {probe} actors" in d.reason
+    d = c.step(window(idle=0.8, blocked=0.05, consumed=consumed))
+    assert d.lever == "undo" and c.setting == Setting(2, 4, 4)
+    assert f"actors stay >= {probe + 1}" in d.reason
   d = c.step(window(idle=0.8, blocked=0.05))
   assert d.lever == "hold" and "production-bound" in d.reason
   assert c.step(window(idle=0.8, blocked=0.05)) is None and c.setting == Setting(2, 4, 4)
 
 
 def test_a_probe_is_kept_only_if_it_gains_and_is_not_resumed_away():
-  c = controller(u=8, f=16)  # U at its largest: the probe is one actor fewer
-  assert c.step(window(idle=0.8)).lever == "active_actors-" and c.setting.active_actors == 3
+  c = controller(u=8, f=16)  # U at its largest: the probe is half the actors
+  assert c.step(window(idle=0.8)).lever == "active_actors-" and c.setting.active_actors == 2
   assert c.step(window(idle=0.85, consumed=22)).lever == "active_actors-"  # +10%: kept; next
-  assert c.setting.active_actors == 2
-  d = c.step(window(idle=0.9, consumed=22))  # 2 actors gained nothing: back to 3
-  assert d.lever == "undo" and c.setting.active_actors == 3
-  d = c.step(window(idle=0.85))  # no resume to 4: 3 was chosen, and a probe of 2 failed
-  assert d.lever == "hold" and c.setting.active_actors == 3
+  assert c.setting.active_actors == 1
+  d = c.step(window(idle=0.9, consumed=22))  # 1 actor gained nothing: back to 2
+  assert d.lever == "undo" and c.setting.active_actors == 2
+  d = c.step(window(idle=0.85))  # no resume to 3: 2 was chosen, and a probe of 1 failed
+  assert d.lever == "hold" and c.setting.active_actors == 2
   c = controller(u=8, f=16)
   c.step(window(idle=0.8))
   d = c.step(window(idle=0.8, consumed=20))  # the same throughput: the status quo wins
-  assert d.lever == "undo" and c.setting.active_actors == 4 and "actors stay >= 4" in d.reason
+  assert d.lever == "undo" and c.setting.active_actors == 4 and "actors stay >= 3" in d.reason
+  d = c.step(window(idle=0.8))  # the step the halving skipped
+  assert d.lever == "active_actors-" and c.setting.active_actors == 3
+  # Half the hands made half as much: they are the production; nothing between is tried.
+  c = controller(u=8, f=16)
+  c.step(window(idle=0.8))
+  d = c.step(window(idle=0.9, consumed=10))
+  assert d.lever == "undo" and "actors stay >= 4" in d.reason
+  assert c.step(window(idle=0.8)).lever == "hold"
 
 
 def test_async_actors_want_two_slots_each():
@@ -85,11 +97,10 @@ def test_a_larger_u_that_costs_throughput_is_undone_and_actors_pause_instead():
   assert c.step(window(idle=0.8, blocked=0.7)).lever == "rollouts_per_update+"
   d = c.step(window(idle=0.85, blocked=0.1, consumed=15))  # 25% fewer rollouts learned
   assert d.lever == "undo" and c.setting == Setting(1, 2, 4) and "U stays <= 1" in d.reason
-  d = c.step(window(idle=0.8, blocked=0.7))
-  assert d.lever == "active_actors-" and c.setting.active_actors == 3
-  assert c.step(window(idle=0.8, blocked=0.5)).lever == "active_actors-"
-  assert c.setting.active_actors == 2
-  d = c.step(window(idle=0.8, blocked=0.1))  # not blocked now: is an actor more worth it?
+  d = c.step(window(idle=0.8, blocked=0.7))  # 2 tickets employ 2 actors: the others wait
+  assert d.lever == "active_actors-" and c.setting.active_actors == 2
+  assert "2 tickets employ 2 actors" in d.reason
+  d = c.step(window(idle=0.8, blocked=0.1))  # not blocked now: is a spare worth its wait?
   assert d.lever == "active_actors+" and c.setting.active_actors == 3
   d = c.step(window(idle=0.8, blocked=0.3))  # no gain: back, and not tried again
   assert d.lever == "undo" and c.setting.active_actors == 2 and "actors stay <= 2" in d.reason
@@ -97,17 +108,24 @@ def test_a_larger_u_that_costs_throughput_is_undone_and_actors_pause_instead():
   assert d.lever == "active_actors-" and "probing 1 actors" in d.reason
 
 
-def test_a_pause_jumps_to_the_working_share_and_an_undone_jump_floors_above_its_target():
-  """6 actors blocked 72% work 1.7 actors' worth: 3 (that, rounded up, and a spare) in one
-  move, not one a window. If 3 costs, 4 is next (the steps the jump skipped stay open)."""
+def test_a_pause_jumps_to_the_actors_the_tickets_employ_and_an_undone_jump_floors_above_it():
+  """6 actors at F = 2 (K = 1, U = 1; async actors hold 2 slots each): 2 work at once (1 async),
+  the others only wait: there in one move, not one a window. If 2 costs, 3 is next (the steps
+  the jump skipped stay open)."""
   bounds = Bounds(num_actors=6, max_lag=1, u_choices=(1,), settle=0, judge_windows=1)
   c = BalanceController(bounds, Setting(1, 2, 6))
   d = c.step(window(idle=0.85, blocked=0.72))
-  assert d.lever == "active_actors-" and c.setting.active_actors == 3 and "3 actors" in d.reason
-  d = c.step(window(idle=0.9, blocked=0.3, consumed=15))  # 25% fewer learned: undone
-  assert d.lever == "undo" and c.setting.active_actors == 6 and "actors stay >= 4" in d.reason
+  assert d.lever == "active_actors-" and c.setting.active_actors == 2
+  assert "2 tickets employ 2 actors" in d.reason
+  d = c.step(window(idle=0.9, blocked=0.1, consumed=15))  # 25% fewer learned: undone
+  assert d.lever == "undo" and c.setting.active_actors == 6 and "actors stay >= 3" in d.reason
   d = c.step(window(idle=0.85, blocked=0.72))
-  assert d.lever == "active_actors-" and c.setting.active_actors == 4
+  assert d.lever == "active_actors-" and c.setting.active_actors == 3
+  async_bounds = Bounds(num_actors=6, max_lag=1, u_choices=(1,), slots_per_actor=2, settle=0,
+                        judge_windows=1)
+  c = BalanceController(async_bounds, Setting(1, 2, 6))
+  c.step(window(idle=0.85, blocked=0.72))
+  assert c.setting.active_actors == 1
   # The busy-learner pause jumps too: 12/s at 10/s an actor needs 2 (1.26 rounded up), and a
   # spare: 3 of 6.
   c = BalanceController(bounds, Setting(1, 2, 6))
@@ -159,7 +177,7 @@ def test_bounds_are_forgotten_when_the_plant_changes():
   for _ in range(5):  # on target: the learner's rate at this setting
     assert c.step(window(lag=0.4)) is None
   for _ in range(5):  # then it becomes 3x slower (a second job on the device)
-    c.step(window(lag=0.4, learner_rate=3.0))
+    c.step(window(lag=0.4, consumed=6, learner_rate=6.0))
   assert c._floor_flight == {}
 
 
@@ -177,16 +195,22 @@ def test_a_move_is_judged_on_the_pooled_windows_after_it():
   c = controller(u=1, f=2, judge_windows=2)
   assert c.step(window(idle=0.8, blocked=0.7)) is None  # one window: no evidence yet
   assert c.step(window(idle=0.8, blocked=0.7)).lever == "rollouts_per_update+"
-  assert c.step(window(idle=0.8, blocked=0.1, consumed=15)) is None  # -25%, but one window
-  d = c.step(window(idle=0.8, blocked=0.1, consumed=24))  # pooled 39 vs 40: -2.5%, kept
+  assert c.step(window(idle=0.8, blocked=0.1, consumed=18)) is None  # -10%, but one window
+  d = c.step(window(idle=0.8, blocked=0.1, consumed=21))  # pooled 39 vs 40: -2.5%, kept
   assert d is None or d.lever != "undo"
   c = controller(u=1, f=2, judge_windows=2)
   c.step(window(idle=0.8, blocked=0.7))
   c.step(window(idle=0.8, blocked=0.7))
-  c.step(window(idle=0.8, blocked=0.1, consumed=15))
-  d = c.step(window(idle=0.8, blocked=0.1, consumed=17))  # pooled 32 vs 40: -20%, undone
+  c.step(window(idle=0.8, blocked=0.1, consumed=18))
+  d = c.step(window(idle=0.8, blocked=0.1, consumed=14))  # pooled 32 vs 40: -20%, undone
   assert d.lever == "undo" and "throughput 16.0 rollouts/s (was 20.0)" in d.reason
   assert d.window.seconds == 2.0 and d.window.consumed == 32
+  # A first window that lost over 15% is a verdict on its own (a failed probe is dear).
+  c = controller(u=1, f=2, judge_windows=2)
+  c.step(window(idle=0.8, blocked=0.7))
+  c.step(window(idle=0.8, blocked=0.7))
+  d = c.step(window(idle=0.8, blocked=0.1, consumed=15))
+  assert d.lever == "undo" and d.window.consumed == 15
 
 
 def test_random_windows_never_ask_beyond_the_cap():

@@ -70,3 +70,60 @@ def test_a_paused_actor_counts_its_pause_while_it_lasts():
     me.stop.set()
     waiter.join(timeout=5)
   assert not waiter.is_alive()
+
+
+class _Computing:
+  """An update's flag as JAX returns it: not ready until the (asynchronous) update is done."""
+
+  def __init__(self, seconds):
+    import time
+    self.done_at = time.perf_counter() + seconds
+
+  def is_ready(self):
+    import time
+    return time.perf_counter() >= self.done_at
+
+  def __bool__(self):
+    return False
+
+
+def test_the_learner_is_idle_only_once_its_last_update_finished():
+  """Dispatch returns at once; the learner waiting for rollouts while its update still computes
+  is busy (compute_wait_s), not idle: otherwise a learner-bound run reads as starved."""
+  import time
+
+  from jaxrl_async.config import RateConfig
+  from jaxrl_async.runtime.learners.loop import LearnerLoop
+  from jaxrl_async.runtime.learners.on_policy import OnPolicyStep
+  from jaxrl_async.runtime.pipeline.queue import RolloutInfo, RolloutQueue
+  from jaxrl_async.runtime.pipeline.rate import RateController
+
+  rate = RateController(RateConfig(max_policy_lag=1, rollouts_per_update=1))
+  queue, stop = RolloutQueue(8), threading.Event()
+
+  def update(state, batch):
+    return state, {"nonfinite": _Computing(0.4)}
+
+  step = OnPolicyStep(lambda abstract, rollouts_per_update=None: update, 1, 10**9, 1,
+                      current_u=lambda: 1)
+  step.fns = {1: update}
+  loop = LearnerLoop(step, queue, rate, lambda state, v: None, stop, lambda: 0.0, 10, None, 0)
+  thread = threading.Thread(target=loop.run)
+  thread.start()
+  try:
+    queue.put((None, RolloutInfo(0, rate.acquire(1.0), 0, 1, 0.0)))
+    time.sleep(0.2)  # the update "computes" until 0.4 s; a rollout arriving now is taken
+    queue.put((None, RolloutInfo(0, rate.acquire(1.0), 0, 1, 0.0)))
+    deadline = time.time() + 5
+    while loop.version < 2 and time.time() < deadline:
+      time.sleep(0.01)
+    assert loop.version == 2  # the second was taken while the first still computed
+    time.sleep(1.0)  # the second computes 0.4 s, then nothing comes: idle
+  finally:
+    stop.set()
+    queue.close()
+    rate.close()
+    thread.join(5)
+  t = loop.timers.snapshot()
+  assert 0.45 <= t.compute_wait_s <= 0.9, t
+  assert 0.5 <= t.idle_s <= 1.1, t

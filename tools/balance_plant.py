@@ -22,13 +22,8 @@ import random
 from typing import Any
 
 from jaxrl_async.config import RateConfig
-from jaxrl_async.runtime.pipeline.balance import (
-  UPDATES_PER_WINDOW,
-  BalanceController,
-  Bounds,
-  Setting,
-  Window,
-)
+from jaxrl_async.runtime.pipeline.balance import BalanceController
+from jaxrl_async.runtime.pipeline.balance_window import UPDATES_PER_WINDOW, Bounds, Setting, Window
 from jaxrl_async.runtime.pipeline.rate import RateController
 
 

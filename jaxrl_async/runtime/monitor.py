@@ -85,6 +85,8 @@ class Monitor:
         # Placing rollouts on the learner devices and queueing them (a put never waits).
         "queue_put_s": sum(a.put_s for a in actors),
         "queue_get_s": self.queue.get_wait_s,
+        # The learner waiting for rollouts while its last update still computed (busy).
+        "learner_compute_wait_s": learner.compute_wait_s,
     }
     if self.learner.last_metrics is not None:
       losses = jax.device_get(self.learner.last_metrics)

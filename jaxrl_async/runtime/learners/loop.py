@@ -26,6 +26,7 @@ from jaxrl_async.runtime.pipeline.queue import QueueClosed, RolloutQueue
 from jaxrl_async.runtime.pipeline.rate import RateController
 
 _WAKE_S = 0.1
+_POLL_S = 0.002  # how finely a wait tells the device's work from idle
 _CLOSED = object()
 
 
@@ -34,7 +35,8 @@ class LearnerTimers(Counters):
   """The learner thread writes them; the monitor, the balancer and the summary read
   `snapshot()`s."""
 
-  idle_s: float = 0.0  # waiting for rollouts with nothing to compute
+  idle_s: float = 0.0  # waiting for rollouts with nothing to compute (the last update done)
+  compute_wait_s: float = 0.0  # waiting for rollouts while the last update still computes
   dispatch_s: float = 0.0  # calling the compiled step and publishing
   compile_s: float = 0.0
   updates: int = 0  # versions the params moved in this session
@@ -118,7 +120,7 @@ class LearnerLoop:
     self.finished = threading.Event()  # the budget is spent
     self.nonfinite_skipped = 0
     self._nonfinite_run = 0
-    self._pending_flag: Any = None
+    self._pending_flag: Any = None  # the last update's flag: ready once that update finished
 
   def extra_metrics(self) -> dict[str, Any]:
     return self.step.extra_metrics(self.timers.idle_s)
@@ -155,19 +157,32 @@ class LearnerLoop:
     """Hands the step the next admitted rollout, if one comes; False at shutdown. Never sits on
     the queue while the step has work; a wait with nothing to do is the learner's idle time."""
     ready = self.step.ready()
-    t0 = time.perf_counter()
     try:
-      item = self.queue.get(0.0 if ready else _WAKE_S)
+      item = self.queue.get(0.0) if ready else self._wait()
     except QueueClosed:
       return False
-    if not ready:
-      self.timers.idle_s += time.perf_counter() - t0
     if item is not None:
       rollout, info = item
       # The controller drops a rollout that arrives too stale (counted there).
       if self.controller.admit(info.ticket, info.behaviour_version):
         self.step.add(rollout, info.ticket)
     return True
+
+  def _wait(self) -> Any:
+    """The queue's next item, timing the wait: while the last update still computes (dispatch
+    is asynchronous) the learner is busy, not idle. Polled without reading anything back, so
+    a rollout that arrives meanwhile is taken at once and the next update queues behind."""
+    t0 = time.perf_counter()
+    while not getattr(self._pending_flag, "is_ready", lambda: True)():
+      item = self.queue.get(_POLL_S)
+      if item is not None or self.stop.is_set():
+        self.timers.compute_wait_s += time.perf_counter() - t0
+        return item
+    t1 = time.perf_counter()
+    self.timers.compute_wait_s += t1 - t0
+    item = self.queue.get(_WAKE_S)
+    self.timers.idle_s += time.perf_counter() - t1
+    return item
 
   def _advance(self) -> None:
     t0 = time.perf_counter()

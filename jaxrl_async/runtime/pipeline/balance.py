@@ -13,13 +13,14 @@ learner idle over `target_idle` (production is short):
     the smallest value whose (K + 1) U covers every active actor's slots, or, if it covers them
     already, doubles (the learner waits for rollouts started only once new params exist: more
     in flight per version hides that wait, at no more lag); where U may not rise and the actors
-    wait more than twice their target, actors pause down to their working share and a spare,
-    in one move (the tickets, not the hands, are short: fewer hands wait less);
+    wait more than twice their target, actors pause down to as many as the tickets employ at
+    once, in one move (the tickets, not the hands, are short: the others only wait; a spare
+    must then earn its wait as a resume);
   - actors do not wait: a paused actor resumes; for replay the SPI target rises;
-  - actors do not wait and none is paused: probe a larger U, then one actor fewer, each
-    judged by throughput alone and kept only if it gains (where actors and learner share
-    cores, fewer threads and fewer, larger updates can make more: measured on this 2-core
-    machine);
+  - actors do not wait and none is paused: probe a larger U, then half the actors (a probe
+    undone leaves the steps between open), each judged by throughput alone and kept only if
+    it gains (where actors and learner share cores, fewer threads and fewer, larger updates
+    can make more: measured on this 2-core machine);
   - otherwise every lever is at its limit: production-bound (said once).
 learner busy (consumption is short):
   - mean lag over `target_lag`: F falls by one, down to a floor; at the floor U doubles with F
@@ -36,8 +37,10 @@ throughput (rollouts learned per second), or that took production away and added
 U, the active actors); a resume or probe that gained nothing is undone too. So each experiment
 is made once (without bounds the lag and idle rules would alternate), and where actors share
 the learner's cores and a larger U costs throughput, the judge finds it and actors pause
-instead. Bounds are forgotten when the learner's rate at a held setting moves by more than
-`replan` (a second job on the device). Every decision carries its reason and measurements.
+instead. Bounds are forgotten when the learner's rate at a held setting (read over enough busy
+time to time an update by) moves by more than `replan` (a second job on the device). A first
+window after a move that lost three times `rate_cost` is a verdict on its own. Every decision
+carries its reason and measurements.
 """
 
 from __future__ import annotations
@@ -46,97 +49,7 @@ import collections
 import dataclasses
 import math
 
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-  """The levers. `in_flight` is F; `samples_per_insert` is None for on-policy learners."""
-
-  rollouts_per_update: int
-  in_flight: int
-  active_actors: int
-  samples_per_insert: float | None = None
-
-
-UPDATES_PER_WINDOW = 2  # a window holds at least this many updates' worth of rollouts learned
-
-
-@dataclasses.dataclass(frozen=True)
-class Window:
-  """One control window's measurements (fractions of its wall time, rates per second)."""
-
-  learner_idle: float  # the learner waited for data with nothing to compute
-  actors_blocked: float  # the active actors waited on tickets (or the learner's inserts)
-  actor_rate: float  # rollouts per active actor per second not blocked
-  learner_rate: float  # rollouts learned per busy learner second
-  consumed: int  # rollouts learned from in the window
-  lag_mean: float | None  # over those rollouts; None when none was learned
-  lag_max: int | None = None
-  seconds: float = 1.0
-
-  @property
-  def throughput(self) -> float:
-    return self.consumed / max(self.seconds, 1e-9)
-
-
-def pooled(windows: list[Window]) -> Window:
-  """Several windows as one: fractions weighted by seconds, lag by rollouts learned."""
-  if len(windows) == 1:
-    return windows[0]
-  secs = sum(w.seconds for w in windows)
-  consumed = sum(w.consumed for w in windows)
-  busy = sum(w.seconds * (1 - w.learner_idle) for w in windows)
-  lags = [w.lag_max for w in windows if w.lag_max is not None]
-  return Window(
-      learner_idle=sum(w.learner_idle * w.seconds for w in windows) / secs,
-      actors_blocked=sum(w.actors_blocked * w.seconds for w in windows) / secs,
-      actor_rate=sum(w.actor_rate * w.seconds for w in windows) / secs,
-      learner_rate=consumed / max(busy, 1e-9), consumed=consumed,
-      lag_mean=sum(w.lag_mean * w.consumed for w in windows) / consumed,
-      lag_max=max(lags) if lags else None, seconds=secs)
-
-
-@dataclasses.dataclass(frozen=True)
-class Bounds:
-  """What the controller may do and what it steers to, fixed for a run."""
-
-  num_actors: int
-  max_lag: int | None  # K; None when free running (no cap: F and U are not moved)
-  u_choices: tuple[int, ...]  # the U values allowed (compilable, dividing the minibatches)
-  slots_per_actor: int = 1  # rollouts an actor wants in flight (2 with async EnvPool)
-  spi_range: tuple[float, float] | None = None  # replay: the SPI target's band
-  spi_steps: int = 4  # moves from the centre of the band to an edge
-  target_lag: float = 0.5
-  target_idle: float = 0.2
-  target_blocked: float = 0.15
-  settle: int = 1
-  judge_windows: int = 2  # windows pooled at a setting before it is judged or acted on
-  idle_cost: float = 0.05  # learner idle a move may add before it is undone
-  rate_cost: float = 0.05  # throughput a move may cost before it is undone
-  replan: float = 0.5
-
-  def __post_init__(self):
-    if self.judge_windows < 1:
-      raise ValueError(f"judge_windows must be >= 1, got {self.judge_windows}")
-    if not self.u_choices or min(self.u_choices) < 1:
-      raise ValueError(f"u_choices must be positive, got {self.u_choices}")
-    if self.max_lag is not None and self.target_lag > self.max_lag:
-      raise ValueError(f"target_lag {self.target_lag} is above the cap K = {self.max_lag}")
-
-  def cap(self, u: int) -> int:
-    """The most tickets U allows under K."""
-    return (self.max_lag + 1) * u if self.max_lag is not None else u
-
-  @property
-  def moves_flight(self) -> bool:
-    return self.max_lag is not None
-
-
-@dataclasses.dataclass(frozen=True)
-class Decision:
-  setting: Setting
-  lever: str  # a lever and direction (in_flight+, active_actors-, ...), undo, or hold
-  reason: str
-  window: Window
+from jaxrl_async.runtime.pipeline.balance_window import Bounds, Decision, Setting, Window, pooled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +60,7 @@ class _Trial:
 
 
 _TAKES_PRODUCTION = ("in_flight-", "finer", "active_actors-")
+_MIN_BUSY_S = 1.0  # busy learner seconds a re-plan's rate is read from
 
 
 class BalanceController:
@@ -176,7 +90,7 @@ class BalanceController:
       return None  # nothing was learned: no evidence about consumption
     self._replan(w)
     self._pool.append(w)
-    if len(self._pool) < self._pool.maxlen:
+    if len(self._pool) < self._pool.maxlen and not self._clearly_worse(w):
       return None  # one window at +-5% is too little evidence on a shared host
     w = pooled(list(self._pool))
     trial, self._trial = self._trial, None
@@ -187,6 +101,12 @@ class BalanceController:
     if w.learner_idle > self.bounds.target_idle:
       return self._produce_more(w)
     return self._consume_faster(w)
+
+  def _clearly_worse(self, w: Window) -> bool:
+    """A move whose first window lost three times what a move may cost is judged on it: a
+    failed probe of half the actors costs half the throughput while it lasts."""
+    t = self._trial
+    return t is not None and w.throughput < (1 - 3 * self.bounds.rate_cost) * t.window.throughput
 
   def _judge(self, trial: _Trial, w: Window) -> Decision | None:
     """Undoes the last move if it cost throughput (or gained nothing, for a resume or a
@@ -216,8 +136,13 @@ class BalanceController:
       self._ceiling_u = back.rollouts_per_update
       bound = f"U stays <= {back.rollouts_per_update}"
     elif trial.kind in ("active_actors-", "probe_active"):
-      self._floor_active = s.active_actors + 1  # a jump's untried steps stay open
-      bound = f"actors stay >= {s.active_actors + 1}"
+      # A jump's untried steps stay open, unless the throughput fell with the actors (half
+      # the hands made about half as much: the hands are the production, none is spare).
+      share = s.active_actors / back.active_actors
+      with_hands = trial.kind == "probe_active" and w.throughput <= (
+          (1 + share) / 2 * before.throughput)
+      self._floor_active = back.active_actors if with_hands else s.active_actors + 1
+      bound = f"actors stay >= {self._floor_active}"
     elif trial.kind == "active_actors+":
       self._ceiling_active = back.active_actors
       bound = f"actors stay <= {back.active_actors}"
@@ -245,13 +170,20 @@ class BalanceController:
         return self._move(Setting(u, b.cap(u), s.active_actors, s.samples_per_insert),
                           "rollouts_per_update+", w,
                           f"{idle}, {why_blocked} with F at (K + 1) U: U up to {u}: {why}")
-    # Fewer hands only where waiting dominates (tickets short by far, not at the margin).
+    # Fewer hands only where waiting dominates (tickets short by far, not at the margin): as
+    # many as the tickets employ at once (the others only wait; whether a spare that hides the
+    # hand-over is worth its wait, the resume after this finds out); uncapped, the working
+    # share and a spare.
     if w.actors_blocked > max(2 * b.target_blocked, 0.3) and s.active_actors > self._floor_active:
-      n = self._fewer(s.active_actors * (1 - w.actors_blocked))
+      if b.moves_flight:
+        n = self._fewer(s.in_flight / b.slots_per_actor)
+        why = f"{s.in_flight} tickets employ {n} actors"
+      else:
+        n = self._fewer(s.active_actors * (1 - w.actors_blocked) + 1)
+        why = f"{n} actors (the working share and one spare)"
       return self._move(dataclasses.replace(s, active_actors=n), "active_actors-", w,
                         f"{idle}, {why_blocked} with U at its limit {s.rollouts_per_update}: "
-                        f"the tickets are short, not the hands: {n} actors (the working "
-                        "share and one spare)")
+                        f"the tickets are short, not the hands: {why}")
     if not blocked and s.active_actors < min(b.num_actors, self._ceiling_active):
       return self._move(dataclasses.replace(s, active_actors=s.active_actors + 1),
                         "active_actors+", w, f"{idle}, every active actor working: one more")
@@ -292,7 +224,7 @@ class BalanceController:
     if (w.actors_blocked > max(2 * b.target_blocked, 0.5) and w.learner_idle < b.target_idle / 4
         and s.active_actors > self._floor_active):
       need = w.learner_rate * (1 + b.idle_cost)
-      n = self._fewer(need / max(w.actor_rate, 1e-9))
+      n = self._fewer(need / max(w.actor_rate, 1e-9) + 1)  # and a spare
       if n * w.actor_rate >= need:
         return self._move(dataclasses.replace(s, active_actors=n), "active_actors-", w,
                           f"{busy}, actors blocked {100 * w.actors_blocked:.0f}%: {n} actors "
@@ -308,24 +240,25 @@ class BalanceController:
 
   def _probe(self, w: Window, idle: str) -> Decision | None:
     """Production-bound with every actor working: where actors share cores with the learner,
-    a larger U (fewer, larger updates) or one actor fewer (fewer runnable threads) can make
-    more. Each is tried once, judged by throughput alone, and bounded if it costs."""
+    a larger U (fewer, larger updates) or half the actors (fewer runnable threads; one at a
+    time took four probes to halve 6) can make more. Each is judged by throughput alone and
+    bounded if it costs."""
     b, s = self.bounds, self.setting
     if b.moves_flight:
       u = self._u_finer(s.rollouts_per_update)
       if u is not None and u <= self._ceiling_u:
         return self._move(Setting(u, b.cap(u), s.active_actors, s.samples_per_insert),
                           "probe_u", w, f"{idle}, every actor working: probing U = {u}")
-    if s.active_actors > self._floor_active:
-      return self._move(dataclasses.replace(s, active_actors=s.active_actors - 1),
-                        "probe_active", w, f"{idle}, every actor working: probing "
-                        f"{s.active_actors - 1} actors")
+    if s.active_actors > self._floor_active:  # halved: a probe undone bisects what is left
+      n = self._fewer(s.active_actors / 2)
+      return self._move(dataclasses.replace(s, active_actors=n), "probe_active", w,
+                        f"{idle}, every actor working: probing {n} actors")
     return None
 
-  def _fewer(self, working: float) -> int:
-    """Actors for a pause, in one move (one a window took most of a short run): the working
-    share rounded up and a spare; one fewer at least, never under the floor."""
-    n = math.ceil(working - 1e-9) + 1
+  def _fewer(self, actors: float) -> int:
+    """Actors for a pause, in one move (one a window took most of a short run): `actors`
+    rounded up; one fewer at least, never under the floor."""
+    n = math.ceil(actors - 1e-9)
     return max(self._floor_active, min(self.setting.active_actors - 1, n))
 
   def _u_covering(self, slots: int) -> int:
@@ -353,12 +286,16 @@ class BalanceController:
     return spi if not math.isclose(spi, s.samples_per_insert) else None
 
   def _replan(self, w: Window) -> None:
-    """Forgets the bounds (the old plant's point) when the learner's median rate over five
-    windows moved at a held setting."""
-    self._recent.append(w.learner_rate)
+    """Forgets the bounds (the old plant's point) when the learner's rate over five windows
+    moved at a held setting. Pooled, and read only from a second of busy time or more: a
+    learner idle 90% of 2-s windows is busy 0.2 s a window, too little to time an update by."""
+    self._recent.append(w)
     if len(self._recent) < self._recent.maxlen:
       return
-    rate = sorted(self._recent)[len(self._recent) // 2]
+    p = pooled(list(self._recent))
+    if p.seconds * (1 - p.learner_idle) < _MIN_BUSY_S:
+      return
+    rate = p.learner_rate
     if self._rates is None:
       self._rates = rate
     elif rate > 0 and abs(rate - self._rates) > self.bounds.replan * self._rates:

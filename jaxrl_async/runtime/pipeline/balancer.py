@@ -18,13 +18,8 @@ from typing import Any
 
 from absl import logging
 
-from jaxrl_async.runtime.pipeline.balance import (
-  UPDATES_PER_WINDOW,
-  BalanceController,
-  Bounds,
-  Setting,
-  Window,
-)
+from jaxrl_async.runtime.pipeline.balance import BalanceController
+from jaxrl_async.runtime.pipeline.balance_window import UPDATES_PER_WINDOW, Bounds, Setting, Window
 
 
 class ActorGate:

@@ -1,0 +1,99 @@
+"""What --balance=auto's controller (balance.py) reads and moves: the levers (`Setting`), one
+control window's measurements (`Window`, pooled over several), the run's fixed `Bounds`, and a
+`Decision` with its reason."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """The levers. `in_flight` is F; `samples_per_insert` is None for on-policy learners."""
+
+  rollouts_per_update: int
+  in_flight: int
+  active_actors: int
+  samples_per_insert: float | None = None
+
+
+UPDATES_PER_WINDOW = 2  # a window holds at least this many updates' worth of rollouts learned
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+  """One control window's measurements (fractions of its wall time, rates per second)."""
+
+  learner_idle: float  # the learner waited for data with nothing to compute
+  actors_blocked: float  # the active actors waited on tickets (or the learner's inserts)
+  actor_rate: float  # rollouts per active actor per second not blocked
+  learner_rate: float  # rollouts learned per busy learner second
+  consumed: int  # rollouts learned from in the window
+  lag_mean: float | None  # over those rollouts; None when none was learned
+  lag_max: int | None = None
+  seconds: float = 1.0
+
+  @property
+  def throughput(self) -> float:
+    return self.consumed / max(self.seconds, 1e-9)
+
+
+def pooled(windows: list[Window]) -> Window:
+  """Several windows as one: fractions weighted by seconds, lag by rollouts learned."""
+  if len(windows) == 1:
+    return windows[0]
+  secs = sum(w.seconds for w in windows)
+  consumed = sum(w.consumed for w in windows)
+  busy = sum(w.seconds * (1 - w.learner_idle) for w in windows)
+  lags = [w.lag_max for w in windows if w.lag_max is not None]
+  return Window(
+      learner_idle=sum(w.learner_idle * w.seconds for w in windows) / secs,
+      actors_blocked=sum(w.actors_blocked * w.seconds for w in windows) / secs,
+      actor_rate=sum(w.actor_rate * w.seconds for w in windows) / secs,
+      learner_rate=consumed / max(busy, 1e-9), consumed=consumed,
+      lag_mean=sum(w.lag_mean * w.consumed for w in windows) / consumed,
+      lag_max=max(lags) if lags else None, seconds=secs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+  """What the controller may do and what it steers to, fixed for a run."""
+
+  num_actors: int
+  max_lag: int | None  # K; None when free running (no cap: F and U are not moved)
+  u_choices: tuple[int, ...]  # the U values allowed (compilable, dividing the minibatches)
+  slots_per_actor: int = 1  # rollouts an actor wants in flight (2 with async EnvPool)
+  spi_range: tuple[float, float] | None = None  # replay: the SPI target's band
+  spi_steps: int = 4  # moves from the centre of the band to an edge
+  target_lag: float = 0.5
+  target_idle: float = 0.2
+  target_blocked: float = 0.15
+  settle: int = 1
+  judge_windows: int = 2  # windows pooled at a setting before it is judged or acted on
+  idle_cost: float = 0.05  # learner idle a move may add before it is undone
+  rate_cost: float = 0.05  # throughput a move may cost before it is undone
+  replan: float = 0.5
+
+  def __post_init__(self):
+    if self.judge_windows < 1:
+      raise ValueError(f"judge_windows must be >= 1, got {self.judge_windows}")
+    if not self.u_choices or min(self.u_choices) < 1:
+      raise ValueError(f"u_choices must be positive, got {self.u_choices}")
+    if self.max_lag is not None and self.target_lag > self.max_lag:
+      raise ValueError(f"target_lag {self.target_lag} is above the cap K = {self.max_lag}")
+
+  def cap(self, u: int) -> int:
+    """The most tickets U allows under K."""
+    return (self.max_lag + 1) * u if self.max_lag is not None else u
+
+  @property
+  def moves_flight(self) -> bool:
+    return self.max_lag is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+  setting: Setting
+  lever: str  # a lever and direction (in_flight+, active_actors-, ...), undo, or hold
+  reason: str
+  window: Window
