@@ -29,8 +29,8 @@ def window(idle=0.0, blocked=0.0, lag=0.5, consumed=20, actor_rate=10.0, learner
 
 def controller(u=1, f=None, active=4, k=1, settle=0, judge_windows=1, **kw):
   """One window per decision, so each rule shows in one step (pooling has its own test)."""
-  bounds = Bounds(num_actors=4, max_lag=k, u_choices=(1, 2, 3, 4, 6, 8), settle=settle,
-                  judge_windows=judge_windows, **kw)
+  bounds = Bounds(num_actors=4, max_lag=k, u_choices=kw.pop("u_choices", (1, 2, 3, 4, 6, 8)),
+                  settle=settle, judge_windows=judge_windows, **kw)
   return BalanceController(bounds, Setting(u, f or bounds.cap(u), active))
 
 
@@ -65,13 +65,14 @@ def test_a_probe_is_kept_only_if_it_gains_and_is_not_resumed_away():
   assert c.step(window(idle=0.8)).lever == "active_actors-" and c.setting.active_actors == 2
   assert c.step(window(idle=0.85, consumed=22)).lever == "active_actors-"  # +10%: kept; next
   assert c.setting.active_actors == 1
-  d = c.step(window(idle=0.9, consumed=22))  # 1 actor gained nothing: back to 2
+  d = c.step(window(idle=0.9, consumed=18))  # 1 actor lost 18%: back to 2
   assert d.lever == "undo" and c.setting.active_actors == 2
   d = c.step(window(idle=0.85))  # no resume to 3: 2 was chosen, and a probe of 1 failed
   assert d.lever == "hold" and c.setting.active_actors == 2
   c = controller(u=8, f=16)
   c.step(window(idle=0.8))
-  d = c.step(window(idle=0.8, consumed=20))  # the same throughput: the status quo wins
+  assert c.step(window(idle=0.8, consumed=20)) is None  # the same throughput: a close call
+  d = c.step(window(idle=0.8, consumed=20))  # twice the evidence: the status quo wins
   assert d.lever == "undo" and c.setting.active_actors == 4 and "actors stay >= 3" in d.reason
   d = c.step(window(idle=0.8))  # the step the halving skipped
   assert d.lever == "active_actors-" and c.setting.active_actors == 3
@@ -102,7 +103,7 @@ def test_a_larger_u_that_costs_throughput_is_undone_and_actors_pause_instead():
   assert "2 tickets employ 2 actors" in d.reason
   d = c.step(window(idle=0.8, blocked=0.1))  # not blocked now: is a spare worth its wait?
   assert d.lever == "active_actors+" and c.setting.active_actors == 3
-  d = c.step(window(idle=0.8, blocked=0.3))  # no gain: back, and not tried again
+  d = c.step(window(idle=0.8, blocked=0.3, consumed=17))  # a loss: back, not tried again
   assert d.lever == "undo" and c.setting.active_actors == 2 and "actors stay <= 2" in d.reason
   d = c.step(window(idle=0.8, blocked=0.1))  # every actor working: probe one fewer
   assert d.lever == "active_actors-" and "probing 1 actors" in d.reason
@@ -121,6 +122,7 @@ def test_a_pause_jumps_to_the_actors_the_tickets_employ_and_an_undone_jump_floor
   assert d.lever == "undo" and c.setting.active_actors == 6 and "actors stay >= 3" in d.reason
   d = c.step(window(idle=0.85, blocked=0.72))
   assert d.lever == "active_actors-" and c.setting.active_actors == 3
+  assert "2 tickets employ 2 actors; 3, as fewer cost before" in d.reason
   async_bounds = Bounds(num_actors=6, max_lag=1, u_choices=(1,), slots_per_actor=2, settle=0,
                         judge_windows=1)
   c = BalanceController(async_bounds, Setting(1, 2, 6))
@@ -144,6 +146,12 @@ def test_lag_over_target_lowers_f_and_a_fall_that_idles_the_learner_becomes_a_fl
   assert d.lever == "rollouts_per_update+" and c.setting == Setting(4, 9, 4)
   d = c.step(window(idle=0.3, lag=0.7))  # that starved it too: back, never finer here again
   assert d.lever == "undo" and c.setting == Setting(2, 5, 4)
+  # Busy at the floor: half the actors (beside the learner on its cores) may make more; a
+  # larger U was just tried for lag. It costs here: undone, and the lag hold is said.
+  d = c.step(window(lag=1.2))
+  assert d.lever == "active_actors-" and "probing 2 actors" in d.reason
+  d = c.step(window(lag=1.0, consumed=15))
+  assert d.lever == "undo" and c.setting == Setting(2, 5, 4)
   d = c.step(window(lag=1.2))
   assert d.lever == "hold" and "less lag would idle the learner" in d.reason
   assert c.step(window(lag=1.2)) is None and c.setting == Setting(2, 5, 4)
@@ -163,14 +171,16 @@ def test_a_pause_only_when_the_others_cover_the_learner_and_it_is_judged():
   assert d.lever == "active_actors-" and c.setting.active_actors == 3
   d = c.step(window(idle=0.15, blocked=0.3, lag=0.4, actor_rate=10.0, learner_rate=12.0))
   assert d.lever == "undo" and c.setting.active_actors == 4 and "actors stay >= 4" in d.reason
-  assert c.step(window(idle=0.02, blocked=0.6, lag=0.4, learner_rate=12.0)) is None
-  # Two actors could not feed 25/s: no pause at all.
+  d = c.step(window(idle=0.02, blocked=0.6, lag=0.4, learner_rate=12.0))
+  assert d.lever == "rollouts_per_update+" and "probing U = 2 (F = 4)" in d.reason  # lag kept
+  # Two actors could not feed 25/s: no pause (a probe of a larger U instead).
   c = controller(u=1, f=2, active=3)
-  assert c.step(window(idle=0.02, blocked=0.6, lag=0.4, learner_rate=25.0)) is None
+  d = c.step(window(idle=0.02, blocked=0.6, lag=0.4, learner_rate=25.0))
+  assert d.lever == "rollouts_per_update+" and c.setting.active_actors == 3
 
 
 def test_bounds_are_forgotten_when_the_plant_changes():
-  c = controller(u=2, f=4)
+  c = controller(u=2, f=4, active=1, u_choices=(2,))  # nothing to probe
   c.step(window(lag=1.0))  # F 4 -> 3
   c.step(window(idle=0.3, lag=0.5))  # starved: back to 4, floor 4 at U = 2
   assert c._floor_flight == {2: 4}
@@ -205,6 +215,15 @@ def test_a_move_is_judged_on_the_pooled_windows_after_it():
   d = c.step(window(idle=0.8, blocked=0.1, consumed=14))  # pooled 32 vs 40: -20%, undone
   assert d.lever == "undo" and "throughput 16.0 rollouts/s (was 20.0)" in d.reason
   assert d.window.seconds == 2.0 and d.window.consumed == 32
+  # Within 5% of the verdict's line (-5% here): twice the evidence before a verdict.
+  c = controller(u=1, f=2, judge_windows=2)
+  c.step(window(idle=0.8, blocked=0.7))
+  c.step(window(idle=0.8, blocked=0.7))
+  assert c.step(window(idle=0.8, blocked=0.1, consumed=19)) is None
+  assert c.step(window(idle=0.8, blocked=0.1, consumed=18)) is None  # pooled -7.5%: close
+  assert c.step(window(idle=0.8, blocked=0.1, consumed=20)) is None
+  d = c.step(window(idle=0.8, blocked=0.1, consumed=21))  # pooled 78 vs 80: kept
+  assert d is None or d.lever != "undo"
   # A first window that lost over 15% is a verdict on its own (a failed probe is dear).
   c = controller(u=1, f=2, judge_windows=2)
   c.step(window(idle=0.8, blocked=0.7))

@@ -79,9 +79,9 @@ class _Computing:
     import time
     self.done_at = time.perf_counter() + seconds
 
-  def is_ready(self):
+  def block_until_ready(self):
     import time
-    return time.perf_counter() >= self.done_at
+    time.sleep(max(0.0, self.done_at - time.perf_counter()))
 
   def __bool__(self):
     return False

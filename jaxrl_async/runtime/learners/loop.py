@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import queue as queue_lib
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +27,6 @@ from jaxrl_async.runtime.pipeline.queue import QueueClosed, RolloutQueue
 from jaxrl_async.runtime.pipeline.rate import RateController
 
 _WAKE_S = 0.1
-_POLL_S = 0.002  # how finely a wait tells the device's work from idle
 _CLOSED = object()
 
 
@@ -42,6 +42,48 @@ class LearnerTimers(Counters):
   updates: int = 0  # versions the params moved in this session
   consumed_env_steps: int = 0  # counted with reuse (epochs, replay samples)
   first_update_wall_s: float | None = None
+
+
+class Completions:
+  """When the dispatched updates finished, timed by a thread that blocks on each in turn (no
+  polling, nothing read back on the learner's path): dispatch returns at once, so the learner
+  waiting for rollouts while its update still computes is busy, not idle."""
+
+  def __init__(self):
+    self._flags: queue_lib.SimpleQueue = queue_lib.SimpleQueue()
+    self._lock = threading.Lock()
+    self._pending = 0
+    self._done_at: float | None = None  # when the newest finished
+    self._closed = threading.Event()
+    self._thread = threading.Thread(target=self._run, name="learner-completions", daemon=True)
+    self._thread.start()
+
+  def add(self, flag: Any) -> None:
+    with self._lock:
+      self._pending += 1
+    self._flags.put(flag)
+
+  def busy(self, t0: float, t1: float) -> float:
+    """The seconds of [t0, t1] an update still computed."""
+    with self._lock:
+      if self._pending:
+        return t1 - t0
+      return min(max(self._done_at - t0, 0.0), t1 - t0) if self._done_at is not None else 0.0
+
+  def close(self) -> None:
+    self._closed.set()
+    self._thread.join(timeout=_WAKE_S * 10)
+
+  def _run(self) -> None:
+    while not (self._closed.is_set() and self._flags.empty()):
+      try:
+        flag = self._flags.get(timeout=_WAKE_S)
+      except queue_lib.Empty:
+        continue
+      getattr(flag, "block_until_ready", lambda: None)()  # an update always finishes
+      with self._lock:
+        self._pending -= 1
+        self._done_at = time.perf_counter()
 
 
 class Advance(NamedTuple):
@@ -120,7 +162,8 @@ class LearnerLoop:
     self.finished = threading.Event()  # the budget is spent
     self.nonfinite_skipped = 0
     self._nonfinite_run = 0
-    self._pending_flag: Any = None  # the last update's flag: ready once that update finished
+    self._pending_flag: Any = None
+    self._completions: Completions | None = None
 
   def extra_metrics(self) -> dict[str, Any]:
     return self.step.extra_metrics(self.timers.idle_s)
@@ -132,6 +175,7 @@ class LearnerLoop:
     self.compiled.set()
     if not self._await_state() or not self.step.prepare(self.state, self.version, self.stop):
       return
+    self._completions = Completions()
     try:
       while not self.stop.is_set():
         if self.step.done(self.version):
@@ -142,6 +186,7 @@ class LearnerLoop:
         if self.step.ready():
           self._advance()
     finally:
+      self._completions.close()
       self.step.close(self.controller)
 
   def _await_state(self) -> bool:
@@ -169,19 +214,13 @@ class LearnerLoop:
     return True
 
   def _wait(self) -> Any:
-    """The queue's next item, timing the wait: while the last update still computes (dispatch
-    is asynchronous) the learner is busy, not idle. Polled without reading anything back, so
-    a rollout that arrives meanwhile is taken at once and the next update queues behind."""
+    """The queue's next item, its wait split into the last update's compute and idle."""
     t0 = time.perf_counter()
-    while not getattr(self._pending_flag, "is_ready", lambda: True)():
-      item = self.queue.get(_POLL_S)
-      if item is not None or self.stop.is_set():
-        self.timers.compute_wait_s += time.perf_counter() - t0
-        return item
-    t1 = time.perf_counter()
-    self.timers.compute_wait_s += t1 - t0
     item = self.queue.get(_WAKE_S)
-    self.timers.idle_s += time.perf_counter() - t1
+    t1 = time.perf_counter()
+    busy = self._completions.busy(t0, t1)
+    self.timers.compute_wait_s += busy
+    self.timers.idle_s += t1 - t0 - busy
     return item
 
   def _advance(self) -> None:
@@ -201,6 +240,7 @@ class LearnerLoop:
       self.timers.consumed_env_steps += out.consumed_env_steps
       if self.timers.first_update_wall_s is None:
         self.timers.first_update_wall_s = self.wall_s()
+    self._completions.add(out.metrics["nonfinite"])
     self._count_nonfinite(out.metrics["nonfinite"])
     if self.after_update is not None:
       self.after_update(self.version, self.state)

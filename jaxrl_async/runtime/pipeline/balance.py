@@ -30,8 +30,9 @@ learner busy (consumption is short):
   - otherwise the operating point is reached.
 
 Every move is an experiment judged by the first `judge_windows` windows after it settles,
-pooled (one window at +-5% is too little evidence on a shared host), as every decision reads
-the last ones at the setting in force. A move that cost more than `rate_cost` of the
+pooled (one window at +-5% is too little evidence on a shared host), or twice as many where
+the verdict lies within `rate_cost` of its line; every decision reads the last `judge_windows`
+at the setting in force. A move that cost more than `rate_cost` of the
 throughput (rollouts learned per second), or that took production away and added more than
 `idle_cost` of learner idle, is undone into a bound for its lever (a floor or ceiling of F,
 U, the active actors); a resume or probe that gained nothing is undone too. So each experiment
@@ -60,6 +61,7 @@ class _Trial:
 
 
 _TAKES_PRODUCTION = ("in_flight-", "finer", "active_actors-")
+_MUST_GAIN = ("active_actors+", "probe_u", "probe_active")  # off the rules' path
 _MIN_BUSY_S = 1.0  # busy learner seconds a re-plan's rate is read from
 
 
@@ -80,7 +82,7 @@ class BalanceController:
     self._rates: float | None = None  # the learner's rate when the bounds were set
     self._recent: collections.deque = collections.deque(maxlen=5)
     self._held: set[str] = set()  # holds already said (they would repeat every window)
-    self._pool: collections.deque = collections.deque(maxlen=bounds.judge_windows)
+    self._pool: collections.deque = collections.deque(maxlen=2 * bounds.judge_windows)
 
   def step(self, w: Window) -> Decision | None:
     if self._settling > 0:
@@ -90,10 +92,14 @@ class BalanceController:
       return None  # nothing was learned: no evidence about consumption
     self._replan(w)
     self._pool.append(w)
-    if len(self._pool) < self._pool.maxlen and not self._clearly_worse(w):
+    jw, trial = self.bounds.judge_windows, self._trial
+    if len(self._pool) < jw and not self._clearly_worse(w):
       return None  # one window at +-5% is too little evidence on a shared host
-    w = pooled(list(self._pool))
-    trial, self._trial = self._trial, None
+    if (trial is not None and len(self._pool) < self._pool.maxlen
+        and self._close_call(trial, pooled(list(self._pool)))):
+      return None  # a verdict within the noise of its line waits for twice the evidence
+    w = pooled(list(self._pool) if trial is not None else list(self._pool)[-jw:])
+    self._trial = None
     if trial is not None:
       undo = self._judge(trial, w)
       if undo is not None:
@@ -108,14 +114,22 @@ class BalanceController:
     t = self._trial
     return t is not None and w.throughput < (1 - 3 * self.bounds.rate_cost) * t.window.throughput
 
+  def _close_call(self, trial: _Trial, w: Window) -> bool:
+    """Whether the throughput since the move lies within `rate_cost` of its verdict's line (a
+    4-s throughput moves by 3% (sd) at a fixed setting on this host, so a 2-window verdict
+    near the line is a coin toss)."""
+    c = self.bounds.rate_cost
+    line = 1 + c / 2 if trial.kind in _MUST_GAIN else 1 - c
+    return abs(w.throughput / max(trial.window.throughput, 1e-9) - line) < c
+
   def _judge(self, trial: _Trial, w: Window) -> Decision | None:
     """Undoes the last move if it cost throughput (or gained nothing, for a resume or a
     probe), and keeps what it learned as a bound."""
     b, s, before = self.bounds, self.setting, trial.window
     cost = w.throughput < (1 - b.rate_cost) * before.throughput
-    if trial.kind in _TAKES_PRODUCTION:
+    if trial.kind in _TAKES_PRODUCTION and w.throughput <= before.throughput:
       cost = cost or w.learner_idle > max(before.learner_idle, 0.0) + b.idle_cost
-    if trial.kind in ("active_actors+", "probe_u", "probe_active"):
+    if trial.kind in _MUST_GAIN:
       # Off the rules' path (a resume, a probe), the status quo wins unless the move gains.
       cost = w.throughput < (1 + b.rate_cost / 2) * before.throughput
     if trial.kind == "probe_active" and not cost:
@@ -176,8 +190,10 @@ class BalanceController:
     # share and a spare.
     if w.actors_blocked > max(2 * b.target_blocked, 0.3) and s.active_actors > self._floor_active:
       if b.moves_flight:
-        n = self._fewer(s.in_flight / b.slots_per_actor)
-        why = f"{s.in_flight} tickets employ {n} actors"
+        employ = math.ceil(s.in_flight / b.slots_per_actor)
+        n = self._fewer(employ)
+        why = f"{s.in_flight} tickets employ {employ} actors" + (
+            f"; {n}, as fewer cost before" if n > employ else "")
       else:
         n = self._fewer(s.active_actors * (1 - w.actors_blocked) + 1)
         why = f"{n} actors (the working share and one spare)"
@@ -192,7 +208,7 @@ class BalanceController:
       return self._move(dataclasses.replace(s, samples_per_insert=spi), "samples_per_insert+",
                         w, f"{idle}: the learner samples more per insert, SPI target {spi:.2f}")
     if not blocked:
-      probe = self._probe(w, idle)
+      probe = self._probe(w, f"{idle}, every actor working")
       if probe is not None:
         return probe
     return self._hold("production", w, f"{idle} with every lever at its limit "
@@ -216,8 +232,9 @@ class BalanceController:
         return self._move(Setting(finer, f, s.active_actors, s.samples_per_insert), "finer", w,
                           f"{lag}, {busy}, F at its floor {s.in_flight}: U up to {finer} with "
                           f"F = {f}, a finer lag step ({1 / finer:.2f} versions)")
-      return self._hold("lag", w, f"{lag}, but F is at its floor {s.in_flight} for U = {u}: "
-                        "less lag would idle the learner")
+      return self._probe(w, busy, keep_lag=True) or self._hold(
+          "lag", w, f"{lag}, but F is at its floor {s.in_flight} for U = {u}: less lag would "
+          "idle the learner")
     # A pause frees nothing a blocked actor holds, and one actor fewer adds latency (the next
     # batch is made by fewer hands once new params exist); so only with the actors mostly
     # waiting and the learner fully fed (idle under a quarter of its target).
@@ -236,23 +253,30 @@ class BalanceController:
         return self._move(dataclasses.replace(s, samples_per_insert=spi),
                           "samples_per_insert-", w, f"{busy}, actors blocked "
                           f"{100 * w.actors_blocked:.0f}%: SPI target down to {spi:.2f}")
-    return None  # the operating point: learner busy, lag within target
+    # The operating point, unless fewer, larger updates or fewer threads beside the learner
+    # (sharing its cores) make more: probed as production-bound, at the same lag.
+    return self._probe(w, busy, keep_lag=True)
 
-  def _probe(self, w: Window, idle: str) -> Decision | None:
+  def _probe(self, w: Window, why: str, keep_lag: bool = False) -> Decision | None:
     """Production-bound with every actor working: where actors share cores with the learner,
     a larger U (fewer, larger updates) or half the actors (fewer runnable threads; one at a
     time took four probes to halve 6) can make more. Each is judged by throughput alone and
-    bounded if it costs."""
+    bounded if it costs. With `keep_lag` (a busy learner) F scales with U, so the lag of a
+    full pipeline, (F - U) / U, stays; else F is U's cap."""
     b, s = self.bounds, self.setting
     if b.moves_flight:
       u = self._u_finer(s.rollouts_per_update)
-      if u is not None and u <= self._ceiling_u:
-        return self._move(Setting(u, b.cap(u), s.active_actors, s.samples_per_insert),
-                          "probe_u", w, f"{idle}, every actor working: probing U = {u}")
+      if (u is not None and u <= self._ceiling_u
+          and not (keep_lag and s.rollouts_per_update in self._no_finer)):  # tried for lag
+        f = b.cap(u)
+        if keep_lag:
+          f = min(f, max(u, round(s.in_flight * u / s.rollouts_per_update)))
+        return self._move(Setting(u, f, s.active_actors, s.samples_per_insert), "probe_u", w,
+                          f"{why}: probing U = {u} (F = {f})")
     if s.active_actors > self._floor_active:  # halved: a probe undone bisects what is left
       n = self._fewer(s.active_actors / 2)
       return self._move(dataclasses.replace(s, active_actors=n), "probe_active", w,
-                        f"{idle}, every actor working: probing {n} actors")
+                        f"{why}: probing {n} actors")
     return None
 
   def _fewer(self, actors: float) -> int:
