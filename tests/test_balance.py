@@ -157,6 +157,22 @@ def test_lag_over_target_lowers_f_and_a_fall_that_idles_the_learner_becomes_a_fl
   assert c.step(window(lag=1.2)) is None and c.setting == Setting(2, 5, 4)
 
 
+def test_an_f_lowered_for_lag_and_kept_is_not_raised_by_the_idle_rule():
+  """Idle and lag both at their targets: the lag rule lowers F, the move costs nothing, and the
+  idle rule (idle just over its target) must not take F back up (no oscillation)."""
+  c = controller(u=3, f=6, active=3, u_choices=(3,))
+  assert c.step(window(idle=0.17, lag=0.53)).lever == "in_flight-" and c.setting.in_flight == 5
+  d = c.step(window(idle=0.21, blocked=0.25, lag=0.34, consumed=21))  # kept: production-bound
+  assert d.lever == "hold" and c.setting.in_flight == 5
+  for _ in range(5):
+    d = c.step(window(idle=0.22, blocked=0.25, lag=0.34))
+    assert d is None or d.lever == "hold"
+    assert c.setting.in_flight == 5
+  c = controller(u=3, f=3, active=3, u_choices=(3,))  # no such bound: F rises to the cap
+  d = c.step(window(idle=0.22, blocked=0.25, lag=0.0))
+  assert d.lever == "in_flight+" and c.setting.in_flight == 6 and "(K + 1) U = 6" in d.reason
+
+
 def test_an_idle_learner_never_pays_for_lag():
   """Production-bound: lowering F would cut consumption too; the cap K bounds the lag."""
   c = controller(u=2, f=4)

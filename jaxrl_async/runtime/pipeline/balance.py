@@ -75,6 +75,7 @@ class BalanceController:
     self._settling = 0
     self._trial: _Trial | None = None
     self._floor_flight: dict[int, int] = {}  # U -> the lowest F that kept the learner fed
+    self._ceiling_flight: dict[int, int] = {}  # U -> an F lowered for lag and kept
     self._no_finer: set[int] = set()  # U values a finer U starved
     self._floor_active = 1
     self._ceiling_active = bounds.num_actors
@@ -134,6 +135,10 @@ class BalanceController:
       cost = w.throughput < (1 + b.rate_cost / 2) * before.throughput
     if trial.kind == "probe_active" and not cost:
       self._ceiling_active = s.active_actors  # chosen on purpose: not resumed while it holds
+    if trial.kind == "in_flight-" and not cost:
+      # Kept for lag: the idle rule does not raise it again (with the learner's idle and the
+      # lag both at their targets, the two rules took F 5 -> 6 -> 5 every 5 s for 50 s).
+      self._ceiling_flight[s.rollouts_per_update] = s.in_flight
     if not cost:
       return None
     what = (f"throughput {w.throughput:.1f} rollouts/s (was {before.throughput:.1f}), learner "
@@ -169,10 +174,13 @@ class BalanceController:
     idle = f"learner idle {100 * w.learner_idle:.0f}% > {100 * b.target_idle:.0f}%"
     blocked = w.actors_blocked > b.target_blocked
     why_blocked = f"actors blocked {100 * w.actors_blocked:.0f}% > {100 * b.target_blocked:.0f}%"
-    if blocked and b.moves_flight and s.in_flight < b.cap(s.rollouts_per_update):
-      f = b.cap(s.rollouts_per_update)
+    top = self._ceiling_flight.get(s.rollouts_per_update, b.cap(s.rollouts_per_update))
+    if blocked and b.moves_flight and s.in_flight < top:
+      f = top
       return self._move(dataclasses.replace(s, in_flight=f), "in_flight+", w,
-                        f"{idle}, {why_blocked}: F up to (K + 1) U = {f}")
+                        f"{idle}, {why_blocked}: F up to "
+                        + (f"(K + 1) U = {f}" if f == b.cap(s.rollouts_per_update) else
+                           f"{f}, where it was kept for lag"))
     if blocked and b.moves_flight:
       slots = s.active_actors * b.slots_per_actor
       u = self._u_covering(slots)
@@ -326,6 +334,7 @@ class BalanceController:
       self._rates = rate
       self._recent.clear()
       self._floor_flight.clear()
+      self._ceiling_flight.clear()
       self._no_finer.clear()
       self._floor_active, self._ceiling_active = 1, self.bounds.num_actors
       self._ceiling_u = max(self.bounds.u_choices)
