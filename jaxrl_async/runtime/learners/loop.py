@@ -218,7 +218,7 @@ class LearnerLoop:
     t0 = time.perf_counter()
     item = self.queue.get(_WAKE_S)
     t1 = time.perf_counter()
-    busy = self._completions.busy(t0, t1)
+    busy = self._completions.busy(t0, t1) if self._completions is not None else 0.0
     self.timers.compute_wait_s += busy
     self.timers.idle_s += t1 - t0 - busy
     return item
