@@ -77,16 +77,17 @@ def test_a_stop_while_env_pools_are_built_abandons_them_and_returns(tmp_path):
   """EnvPool's construction is one C call; here it takes 20 s (a sleep no stop wakes). The run
   returns long before, names the actors it left, and they end once construction returns."""
   make = fake_factory(episode_len=9)
-  building = threading.Event()
+  building = []  # the actors inside construction (both, before the stop: under load the
+  # second may start late, see the stop first and end cleanly, which is no abandonment)
 
   def slow_pool(cfg, seed, **kw):
-    building.set()
+    building.append(seed)
     time.sleep(20.0)
     return make(cfg, seed, **kw)
 
   config = small_config(num_actors=2, total_env_steps=10**9)
   trainer = Trainer.from_config(config, run_dir=tmp_path, quiet=True, pool_factory=slow_pool)
-  stop_when(trainer, building.is_set)
+  stop_when(trainer, lambda: len(building) == 2)
   t0 = time.time()
   s = trainer.run().summary
   assert time.time() - t0 < 15
@@ -134,7 +135,12 @@ def test_a_stop_later_on_names_its_phase_and_leaves_nothing(tmp_path, phase):
   def slow_first(cfg, seed, **kw):  # no rollout before the stop: the learner waits
     pool = fake_factory(episode_len=9)(cfg, seed, **kw)
     recv = pool.recv
-    pool.recv = lambda: (gate.wait(30), recv())[1]
+
+    def held_recv():  # EnvPool's recv returns within a step's time: this one at the stop
+      while not gate.is_set() and not trainer.stop.is_set():
+        gate.wait(0.01)
+      return recv()
+    pool.recv = held_recv
     return pool
 
   trainer = Trainer.from_config(config, run_dir=tmp_path, quiet=True, pool_factory=slow_first)
