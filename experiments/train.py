@@ -25,6 +25,10 @@ _LAYOUT = flags.DEFINE_string(
     "per update from the cores and devices present (jaxrl_async/layout.py); preset keeps the "
     "preset's. Explicit flags win either way.")
 _QUIET = flags.DEFINE_bool("quiet", False, "No progress lines on the console.")
+_COMPILE_ONLY = flags.DEFINE_bool(
+    "compile_only", False, "Compile the run's programs into the compilation cache (under "
+    "--balance=auto also the update at every rollouts-per-update it may choose), print them and "
+    "exit: later runs of this config, any seed, cap or balance mode, start warm.")
 _DEFINERS = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
              str: flags.DEFINE_string}
 # One flag per config field; default None means "the preset's value, else the field default".
@@ -73,6 +77,8 @@ def main(argv: list[str]) -> int:
     config, _ = resolve_config()
     from jaxrl_async.runtime import jax_config  # imports JAX; after the cheap checks
 
+    if _COMPILE_ONLY.value:
+      check_compile_only(config)
     jax_config.configure_jax(config)
     if config.distributed.enabled:  # joins the cluster: before anything touches a device
       from jaxrl_async.runtime.cluster import hosts
@@ -103,6 +109,8 @@ def main(argv: list[str]) -> int:
     return 2
   if not config.run.run_dir:
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, run_dir=str(run_dir)))
+  if _COMPILE_ONLY.value:
+    return compile_only(config, spec, layout)
   try:
     parts = build(config, spec, run_dir, layout.to_json())
     from jaxrl_async.metrics import PROCESS_START
@@ -127,6 +135,36 @@ def main(argv: list[str]) -> int:
   if not config.distributed.enabled:
     _exit_now(0)
   return 0  # several processes leave through JAX's shutdown barrier, which their peers wait at
+
+
+def check_compile_only(config: TrainConfig) -> None:
+  """--compile_only fills the cache of one process's programs: there must be one."""
+  if not config.run.compilation_cache:
+    raise ConfigError("compile_only", True, "needs --compilation_cache=true (it fills that cache)")
+  if config.distributed.enabled:
+    raise ConfigError("compile_only", True, "serves single-process runs (the executable cache "
+                      "does not hold a program that spans several processes)")
+
+
+def compile_only(config: TrainConfig, spec: Any, layout: Any) -> int:
+  """The programs a run of `config` compiles, compiled (or found) in the cache; no run dir,
+  checkpoint or thread beyond the compiles. Prints one line of what and where."""
+  from jaxrl_async.runtime import jax_config
+  from jaxrl_async.runtime.build import build
+  from jaxrl_async.runtime.precompile import precompile
+  from jaxrl_async.runtime.trainer import Trainer
+
+  # Checkpointing is host-only: off, nothing is written beside the cache.
+  quiet_ck = dataclasses.replace(config.checkpoint, checkpoint_every_s=0.0,
+                                 checkpoint_every_updates=0, checkpoint_at_end=False)
+  config = dataclasses.replace(config, checkpoint=quiet_ck)
+  trainer = Trainer(build(config, spec, None, layout.to_json()), quiet=True)
+  done = precompile(trainer)
+  cache = config.run.compilation_cache_dir or jax_config.default_cache_dir()
+  print(f"compiled: {', '.join(done['programs'])} in {done['seconds']:.1f} s (served by the "
+        f"executable cache: {', '.join(done['loaded']) or 'none'}) -> {cache}")
+  _exit_now(0)
+  return 0
 
 
 def _exit_now(status: int) -> None:

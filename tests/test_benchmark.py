@@ -220,9 +220,16 @@ def test_lag_sweep_runs_seeds_outermost_and_its_command_line_checks_its_flags(tm
   seen = []
   monkeypatch.setattr(lag_sweep, "run_grid", lambda out, grid, *a: seen.extend(grid) or [])
   monkeypatch.setattr(lag_sweep, "plot_lag_returns", lambda rows, path: "")
-  lag_sweep.run(tmp_path, False, weightings=("off", "inverse"), seeds=[3, 4],
-                tasks={"CartPole-v1": {}}, lags=(0, 4))
+  compiled = []
+  monkeypatch.setattr(lag_sweep, "compile_programs",
+                      lambda preset, flags, **kw: compiled.append(flags) or "compiled: ...")
+  result = lag_sweep.run(tmp_path, False, weightings=("off", "inverse"), seeds=[3, 4],
+                         tasks={"CartPole-v1": {}}, lags=(0, 4))
   balances = lag_sweep.balance_modes()
+  # Every program first, once per task and lag weighting, with auto's U values (at a cap).
+  assert [f.get("lag_weighting", "off") for f in compiled] == ["off", "inverse"]
+  assert all(f["max_policy_lag"] == 1 and f.get("balance") == balances[-1] for f in compiled)
+  assert len(result.config["compiled_first"]) == 2
   per_seed = 2 * len(balances) + 1  # K 0 and 4 per balance, and K = 4 weighted
   assert [g[4] for g in seen] == [3] * per_seed + [4] * per_seed
   assert ("CartPole-v1", 4, "off", "inverse", 3) in seen

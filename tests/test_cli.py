@@ -30,6 +30,7 @@ def train(*args, timeout=120, env=None):
     (["--preset=nope"], "preset"),
     (["--num_envs=abc"], "num_envs"),
     (["--algo=impala", "--gae_lambda=0.9"], "gae_lambda"),
+    (["--compile_only", "--compilation_cache=false"], "compile_only"),
 ])
 def test_bad_input_exits_2_with_one_line_naming_the_flag(args, flag, tmp_path):
   r = train(*args, f"--run_dir={tmp_path}")

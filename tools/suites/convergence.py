@@ -66,6 +66,20 @@ def run_train(preset: str, seed: int, run_dir: Path, flags: dict[str, Any] | Non
   return row | read_run(run_dir)
 
 
+def compile_programs(preset: str, flags: dict[str, Any] | None = None, timeout_s: float = 600.0,
+                     repo: Path = REPO) -> str:
+  """`experiments.train --compile_only` for `preset` with `flags`: every program a run of that
+  config compiles, in the cache before the measured runs (a suite that compares settings must
+  not let one pay a compile the others were served). Returns the launcher's line."""
+  cmd = [*train_command(preset, 0, Path("unused"), flags), "--compile_only"]
+  done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=repo,
+                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  if done.returncode != 0:
+    tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+    raise RuntimeError(f"{' '.join(cmd[1:])}: exit {done.returncode}: {tail}")
+  return done.stdout.strip().splitlines()[-1]
+
+
 def read_records(run_dir: Path) -> list[dict[str, Any]]:
   out = []
   path = Path(run_dir) / "metrics.jsonl"

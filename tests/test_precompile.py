@@ -1,0 +1,29 @@
+"""`--compile_only` (runtime/precompile.py): every program a run compiles, and under
+--balance=auto the update at each U it may choose, lands in the cache, so the next process loads
+all of them; and nothing else is written or started."""
+
+from .test_cli import train
+
+
+def test_compile_only_fills_the_cache_with_every_program_auto_may_use(tmp_path):
+  cache, run_dir = tmp_path / "cache", tmp_path / "run"
+  args = ("--preset=cartpole_impala", "--balance=auto", "--max_policy_lag=1", "--num_actors=2",
+          "--compile_only", f"--compilation_cache_dir={cache}", f"--run_dir={run_dir}")
+  cold = train(*args)
+  assert cold.returncode == 0, cold.stderr[-2000:]
+  assert "compiled: init, policy-0, update, update-u2 " in cold.stdout, cold.stdout
+  assert "served by the executable cache: none" in cold.stdout
+  stored = sorted(p.name.rsplit("-", 1)[0] for p in (cache / "executables").glob("*.pkl"))
+  assert stored == ["init", "policy-0", "update", "update-u2"]
+  assert not run_dir.exists()  # no run: no run dir, metrics or checkpoint
+  # A second process traces nothing: every program is served (a cap or a seed changes none).
+  warm = train(*args[:-1], "--max_policy_lag=2", "--seed=3")
+  assert warm.returncode == 0, warm.stderr[-2000:]
+  assert "served by the executable cache: init, policy-0, update, update-u2)" in warm.stdout
+
+
+def test_compile_only_without_auto_compiles_the_configured_update_only(tmp_path):
+  r = train("--preset=cartpole_impala", "--compile_only", "--num_actors=2",
+            f"--compilation_cache_dir={tmp_path}")
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "compiled: init, policy-0, update in" in r.stdout
