@@ -211,7 +211,7 @@ def test_lag_sweep_keeps_lag_weighting_rows_apart():
   assert table["off", "off"]["time_to_solve_s"] == 10.0
   assert table["off", "inverse"]["time_to_solve_s"] == 4.0
   # balance=auto is judged against the unweighted fixed settings only.
-  [verdict] = lag_sweep.balance_verdict(rows)
+  verdict, _best = lag_sweep.balance_verdict(rows)
   assert verdict["best_fixed_s"] == 10.0 and verdict["beats_median"]
 
 
@@ -338,7 +338,8 @@ def test_balance_verdict_counts_unsolved_runs_as_the_budget():
           + [row(8, "auto", t) for t in (10.5, 11.5, 12.5)])
   times = lag_sweep.times_by_setting(rows, 90.0)
   assert times[None, None, "off"] == [90.0, 90.0, 30.0]
-  (v,) = lag_sweep.balance_verdict(rows, 90.0, draws=200)
+  v, best = lag_sweep.balance_verdict(rows, 90.0, draws=200)
+  assert best["K"] == "best auto (K=8)" and best["auto_vs_best"] == v["auto_vs_best"]
   assert v["best_fixed"] == "K=8" and v["best_fixed_s"] == 11.0 and v["median_fixed_s"] == 22.0
   assert v["auto_vs_best"] == 11.5 / 11.0 and v["within_10%_of_best"] and v["beats_median"]
   lo, hi = map(float, v["auto_vs_best_90%"].split("-"))
@@ -411,10 +412,16 @@ def test_balance_verdict_reports_the_speed_up_over_synchronous_training():
                               "solved": True, "solved_wall_s": t}
   rows = [row(0, "off", 10.0), row(0, "off", 10.0), row(1, "off", 5.0), row(1, "off", 5.0),
           row(1, "auto", 4.0), row(1, "auto", 4.0)]
-  [v] = lag_sweep.balance_verdict(rows)
+  v, best = lag_sweep.balance_verdict(rows)
   assert v["speedup_vs_sync"] == pytest.approx(2.5) and v["speedup_vs_sync_90%"] == "2.50-2.50"
-  [v] = lag_sweep.balance_verdict([r for r in rows if r["max_policy_lag"] != 0])
+  assert best["speedup_vs_sync"] == v["speedup_vs_sync"]
+  v, _ = lag_sweep.balance_verdict([r for r in rows if r["max_policy_lag"] != 0])
   assert math.isnan(v["speedup_vs_sync"])
+  # The best auto is the fastest auto K, chosen again in every draw: here K = 1 (4 s; K = 0's
+  # auto took 9 s), whose speed-up over sync is 2.5 whatever the draw.
+  k1, k0, best = lag_sweep.balance_verdict(rows + [row(0, "auto", 9.0), row(0, "auto", 9.0)])
+  assert (k1["K"], k0["K"], best["K"]) == (1, 0, "best auto (K=1)")
+  assert best["auto_time_s"] == 4.0 and best["speedup_vs_sync_90%"] == "2.50-2.50"
 
 
 def test_balance_grid_names_a_bad_setting_before_running_anything(tmp_path, capsys):

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{name}: sd of log time {sd:.2f} over {len(ts)} seeds; +-10% needs about "
           f"{math.ceil((2.9 * sd / 0.1) ** 2)} seeds")
   for v in balance_verdict(rows, budget_s):
-    n = len(times[v["task"], None if v["K"] == "none" else v["K"], "auto"])
+    n = len(times[v["task"], v["auto_K"], "auto"])
     print(f"{v['task']}, auto K={v['K']}: {n} seeds; a +-0.10 interval of auto_vs_best needs "
           f"about {seeds_for(v, n)}")
   return 0
