@@ -434,3 +434,20 @@ def test_balance_grid_names_a_bad_setting_before_running_anything(tmp_path, caps
     assert e.value.code == 2
   assert "--settings=on:1:6" in capsys.readouterr().err
   assert not (tmp_path / "runs").exists()
+
+
+def test_balance_grid_compiles_autos_programs_first_with_its_runs_flags(tmp_path, monkeypatch):
+  from tools.suites import balance_grid
+
+  calls = []
+  monkeypatch.setattr(balance_grid, "compile_programs",
+                      lambda preset, flags, **kw: calls.append(("compile", flags)) or "ok")
+  monkeypatch.setattr(balance_grid, "run_train", lambda preset, seed, run_dir, flags, **kw:
+                      calls.append(("run", flags)) or {"error": "not run here"})
+  chosen = [("off", 1, 2), ("auto", 1, 6)]
+  result = balance_grid.run_settings(tmp_path, ["fast"], chosen, 5.0, 1.0, [0, 1])
+  assert [c[0] for c in calls] == ["compile", "run", "run", "run", "run"]
+  # The same flags as auto's runs: only then does the cache key match theirs.
+  same = lambda a, b: json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # nan
+  assert same(calls[0][1], calls[2][1]) and calls[0][1]["balance"] == "auto"
+  assert result.config["compiled_first"] == ["fast U=1 N=6: ok"]

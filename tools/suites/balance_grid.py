@@ -40,7 +40,7 @@ from tools.bench_common import (
   seed_list,
   write_results,
 )
-from tools.suites.convergence import lag_mean, read_records, run_train
+from tools.suites.convergence import compile_programs, lag_mean, read_records, run_train
 
 K = 1
 REGIMES: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -95,20 +95,42 @@ def run(out_dir: Path, quick: bool, tiny: bool = False,
                       seeds or [0])
 
 
+def setting_flags(regime: str, balance: str, u: int, n: int, budget_s: float) -> dict[str, Any]:
+  return {**REGIMES[regime][2], "max_policy_lag": K, "rollouts_per_update": u, "num_actors": n,
+          "balance": balance, "stop_at_return": float("nan"), "max_wall_s": budget_s,
+          "total_env_steps": 10**12, "log_every_s": 1.0, "checkpoint_at_end": False,
+          "checkpoint_every_s": 0, "layout": "preset"}
+
+
+def warm_auto(names: list[str], chosen: list[tuple[str, int, int]], budget_s: float
+              ) -> list[str]:
+  """Auto's programs, every U it may move to among them, compiled before the first run: a
+  fixed setting compiles its one update before its first update, but auto compiled each new U
+  in the background of its walk, where on 2 cores it took the actors' cores (README,
+  --compile_only)."""
+  lines = []
+  for regime in names:
+    for balance, u, n in dict.fromkeys(chosen):
+      if balance == "auto":
+        line = compile_programs(REGIMES[regime][0], setting_flags(regime, balance, u, n,
+                                                                  budget_s))
+        lines.append(f"{regime} U={u} N={n}: {line}")
+        print(f"balance_grid: {lines[-1]}", flush=True)
+  return lines
+
+
 def run_settings(out_dir: Path, names: list[str], chosen: list[tuple[str, int, int]],
                  budget_s: float, warmup_s: float, seeds: list[int]) -> SuiteResult:
   """One training run per (seed, regime, setting), seeds outermost; rows with their steady
   state."""
   rows: list[dict[str, Any]] = []
+  warmed = warm_auto(names, chosen, budget_s)
   grid = [(seed, r, s) for seed in seeds for r in names for s in chosen]
   progress = Progress(len(grid), "balance_grid")
   for seed, regime, (balance, u, n) in grid:
-    preset, label, extra = REGIMES[regime]
+    preset, label, _ = REGIMES[regime]
     run_dir = out_dir / "runs" / f"{regime}-{balance}-U{u}-N{n}-s{seed}"
-    flags = {**extra, "max_policy_lag": K, "rollouts_per_update": u, "num_actors": n,
-             "balance": balance, "stop_at_return": float("nan"), "max_wall_s": budget_s,
-             "total_env_steps": 10**12, "log_every_s": 1.0, "checkpoint_at_end": False,
-             "checkpoint_every_s": 0, "layout": "preset"}
+    flags = setting_flags(regime, balance, u, n, budget_s)
     row = run_train(preset, seed, run_dir, flags, timeout_s=budget_s + 240)
     row = {"regime": regime, "task": label, "balance": balance, "U": u, "actors": n,
            "seed": seed} | row
@@ -122,7 +144,7 @@ def run_settings(out_dir: Path, names: list[str], chosen: list[tuple[str, int, i
     rows.append(row)
     progress.step(f"s{seed} {regime} {balance} U={u} N={n}: {row.get('sps', 0):.0f} sps")
   config = {"K": K, "max_wall_s": budget_s, "warmup_s": warmup_s, "regimes": names,
-            "settings": chosen, "seeds": seeds}
+            "settings": chosen, "seeds": seeds, "compiled_first": warmed}
   return SuiteResult(rows, tables(rows), config)
 
 
