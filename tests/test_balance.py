@@ -442,3 +442,27 @@ def test_bounds_follow_the_run_u_moves_only_where_nothing_counts_updates():
   wide = small_config(**{**dqn.to_flat(), "spi_tolerance": 5.0})
   # The top is where the error buffer stops covering a chunk of each: (2 x 400 - 8) / 64.
   assert make_bounds(wide, replay, False, limiter).spi_range == (4.0, 12.375)
+
+
+def test_one_window_is_no_verdict_within_the_grain_of_large_updates():
+  """Rollouts are counted as updates finish, so each window's count is off by up to one
+  update: at U = 3 and 17 rollouts, a first window 15% short is no verdict on its own (at
+  512,512 such a window undid a U whose fixed run was 9% faster); the pooled windows are."""
+  def moved_to_u3():
+    c = BalanceController(Bounds(num_actors=6, max_lag=1, u_choices=(1, 2, 3, 6), settle=0,
+                                 judge_windows=2), Setting(2, 4, 6))
+    c.step(window(idle=0.3, blocked=0.4))
+    d = c.step(window(idle=0.3, blocked=0.4))
+    assert d.lever == "rollouts_per_update+" and c.setting == Setting(3, 6, 6)
+    return c
+
+  c = moved_to_u3()
+  assert c.step(window(idle=0.3, blocked=0.1, consumed=17)) is None  # -15%, grain 0.23
+  assert c.step(window(idle=0.3, blocked=0.1, consumed=22)) is None  # pooled -2.5%: close
+  c.step(window(idle=0.3, blocked=0.1, consumed=22))  # pooled 61 of 60: kept (then a probe)
+  assert [d.lever for d in c.decisions if d.lever == "undo"] == []
+  assert c.setting.rollouts_per_update >= 3
+  # Short by more than the grain (and 15%): still a verdict on its own.
+  c = moved_to_u3()
+  d = c.step(window(idle=0.3, blocked=0.1, consumed=12))
+  assert d.lever == "undo" and c.setting == Setting(2, 4, 6)

@@ -33,10 +33,11 @@ def test_fast_learner_auto_unblocks_the_actors_within_a_few_windows():
   assert fixed["blocked"] > 0.6 and fixed["idle"] > 0.9
   out = simulate(plant, 200)
   # There in at most 5 moves (U: 1 -> 3 covers the 6 actors at once; larger batches hide the
-  # wait for new params while the blocked time hovers at its target; one probe of 5 actors,
-  # undone) and it stays.
-  assert len(moves(out, 0)) <= 5 and not moves(out, 60)
-  after = phase(out, 60, 200)
+  # wait for new params while the blocked time hovers at its target; one probe of 3 actors,
+  # undone at 60 s: at U = 12 a window holds 2 updates, within whose grain one window's loss
+  # is no verdict, so the pooled windows give it) and it stays.
+  assert len(moves(out, 0)) <= 5 and not moves(out, 64)
+  after = phase(out, 64, 200)
   assert after["blocked"] < 0.25 and after["idle"] > 0.5 and len(after["settings"]) == 1
   assert after["sps"] >= 0.95 * best_fixed(plant, (1, 2, 3, 6, 12), 200, 2.0)
   assert out["max_lag"] <= 1 and out["dropped"] == 0

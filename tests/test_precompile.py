@@ -27,3 +27,12 @@ def test_compile_only_without_auto_compiles_the_configured_update_only(tmp_path)
             f"--compilation_cache_dir={tmp_path}")
   assert r.returncode == 0, r.stderr[-2000:]
   assert "compiled: init, policy-0, update in" in r.stdout
+
+
+def test_compile_only_compiles_each_dqn_actors_policy_and_the_replay_update(tmp_path):
+  # DQN's policies differ per actor (their epsilons); its update is not cached as a whole
+  # executable, only by JAX's own cache, so it is compiled but never listed as served.
+  r = train("--preset=cartpole_dqn", "--compile_only", "--num_actors=2",
+            f"--compilation_cache_dir={tmp_path}")
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "compiled: init, policy-0, policy-1, update in" in r.stdout, r.stdout
