@@ -79,7 +79,9 @@ def main(argv: list[str]) -> int:
 
     if _COMPILE_ONLY.value:
       check_compile_only(config)
-    jax_config.configure_jax(config)
+    # --compile_only compiles with JAX's own cache off: a program that cache serves is not
+    # stored as a whole executable (runtime/executables.py), and storing them is its point.
+    jax_config.configure_jax(without_xla_cache(config) if _COMPILE_ONLY.value else config)
     if config.distributed.enabled:  # joins the cluster: before anything touches a device
       from jaxrl_async.runtime.cluster import hosts
 
@@ -146,11 +148,16 @@ def check_compile_only(config: TrainConfig) -> None:
                       "does not hold a program that spans several processes)")
 
 
+def without_xla_cache(config: TrainConfig) -> TrainConfig:
+  return dataclasses.replace(config, run=dataclasses.replace(config.run, compilation_cache=False))
+
+
 def compile_only(config: TrainConfig, spec: Any, layout: Any) -> int:
   """The programs a run of `config` compiles, compiled (or found) in the cache; no run dir,
   checkpoint or thread beyond the compiles. Prints one line of what and where."""
   from jaxrl_async.runtime import jax_config
   from jaxrl_async.runtime.build import build
+  from jaxrl_async.runtime.executables import ExecutableCache
   from jaxrl_async.runtime.precompile import precompile
   from jaxrl_async.runtime.trainer import Trainer
 
@@ -158,9 +165,13 @@ def compile_only(config: TrainConfig, spec: Any, layout: Any) -> int:
   quiet_ck = dataclasses.replace(config.checkpoint, checkpoint_every_s=0.0,
                                  checkpoint_every_updates=0, checkpoint_at_end=False)
   config = dataclasses.replace(config, checkpoint=quiet_ck)
-  trainer = Trainer(build(config, spec, None, layout.to_json()), quiet=True)
-  done = precompile(trainer)
-  cache = config.run.compilation_cache_dir or jax_config.default_cache_dir()
+  cache = Path(config.run.compilation_cache_dir or jax_config.default_cache_dir())
+  parts = build(config, spec, None, layout.to_json())
+  # JAX's persistent cache is off in this process (main), so every program not already stored
+  # whole is compiled here, and stored: after a source change JAX's cache still held the
+  # lowered programs, served them, and nothing was stored (BUILD_NOTES.md, "Warm programs").
+  parts = dataclasses.replace(parts, executables=ExecutableCache(cache / "executables", config))
+  done = precompile(Trainer(parts, quiet=True))
   print(f"compiled: {', '.join(done['programs'])} in {done['seconds']:.1f} s (served by the "
         f"executable cache: {', '.join(done['loaded']) or 'none'}) -> {cache}")
   _exit_now(0)

@@ -36,3 +36,21 @@ def test_compile_only_compiles_each_dqn_actors_policy_and_the_replay_update(tmp_
             f"--compilation_cache_dir={tmp_path}")
   assert r.returncode == 0, r.stderr[-2000:]
   assert "compiled: init, policy-0, policy-1, update in" in r.stdout, r.stdout
+
+
+def test_compile_only_stores_programs_that_jaxs_own_cache_already_holds(tmp_path):
+  """After a source change the whole-executable keys are new while JAX's cache still holds the
+  lowered programs: --compile_only must compile and store them, not take JAX's copies (which
+  are never stored), or every later run traces and lowers them again."""
+  cache, auto = tmp_path / "cache", ("--balance=auto", "--max_policy_lag=1", "--num_actors=2")
+  run = train("--preset=cartpole_impala", *auto, "--total_env_steps=2000", "--quiet",
+              "--checkpoint_at_end=false", "--checkpoint_every_s=0", f"--run_dir={tmp_path / 'r'}",
+              f"--compilation_cache_dir={cache}", timeout=300)
+  assert run.returncode == 0, run.stderr[-2000:]
+  for stored in (cache / "executables").glob("*.pkl"):
+    stored.unlink()  # as a source change leaves it: JAX's entries only
+  assert any(p.is_file() for p in cache.iterdir())
+  r = train("--preset=cartpole_impala", *auto, "--compile_only", f"--compilation_cache_dir={cache}")
+  assert r.returncode == 0, r.stderr[-2000:]
+  stored = sorted(p.name.rsplit("-", 1)[0] for p in (cache / "executables").glob("*.pkl"))
+  assert stored == ["init", "policy-0", "update", "update-u2"]
