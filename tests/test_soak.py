@@ -84,3 +84,23 @@ def test_a_reset_optimiser_or_a_resume_from_another_checkpoint_fails():
   resumed["checkpoint_before"]["version"] = 60
   resumed["metrics"] = _session(1, lambda t: 400.0)["metrics"]
   assert not checks.check_resumes(run)[0]["ok"]  # not the newest checkpoint
+
+
+def test_threads_of_an_elastic_library_pool_are_counted_apart_from_the_rest():
+  import os
+  import threading
+
+  before = checks.proc_sample(os.getpid())
+  stop = threading.Event()
+  workers = [threading.Thread(target=stop.wait, daemon=True) for _ in range(3)]
+  for w in workers:
+    w.start()
+  try:  # two look like TensorStore's on-demand I/O workers, one like any other thread
+    for w in workers[:2]:
+      Path(f"/proc/self/task/{w.native_id}/comm").write_text(checks.ELASTIC_POOLS[0])
+    during = checks.proc_sample(os.getpid())
+  finally:
+    stop.set()
+  assert during["elastic_threads"] == before["elastic_threads"] + 2
+  assert during["threads"] == before["threads"] + 1
+  assert during["thread_names"][checks.ELASTIC_POOLS[0]] >= 2

@@ -9,6 +9,7 @@ Each check is {"run", "check", "ok", "detail"}.
 
 from __future__ import annotations
 
+import collections
 import json
 import statistics
 from pathlib import Path
@@ -21,20 +22,37 @@ SIGTERM_EXIT_S = 30.0
 # What is compared of each sampled quantity in a window: RSS's median; the fewest threads and
 # open files (a checkpoint save holds some for a moment; a leak raises the floor).
 SAMPLED = {"rss_mib": statistics.median, "threads": min, "fds": min}
+# Thread pools that grow with demand and shrink when idle, so their size follows the load, not a
+# leak: TensorStore's shared pool (orbax's checkpoint I/O) starts a worker whenever work waits
+# and no worker is idle, and ends one after 20 s idle (tensorstore/internal/thread/pool_impl.cc).
+# With a save every few seconds none idles that long, and one busier save can leave two more for
+# the rest of a soak (36 -> 38 in one CI run). They are counted apart from "threads".
+ELASTIC_POOLS = ("ts_pool_worker",)
 
 
 def proc_sample(pid: int) -> dict[str, Any] | None:
-  """Host RSS (MiB), thread count and open files of process `pid` from /proc; None once gone."""
+  """Host RSS (MiB), thread count, threads by name and open files of process `pid` from /proc;
+  None once gone. (The names say whose a thread is when the count moves.)"""
   try:
     status = Path(f"/proc/{pid}/status").read_text()
     fds = sum(1 for _ in Path(f"/proc/{pid}/fd").iterdir())
+    names = collections.Counter(_comm(task) for task in Path(f"/proc/{pid}/task").iterdir())
   except (FileNotFoundError, ProcessLookupError, PermissionError):
     return None
   fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
   if "VmRSS" not in fields:  # a zombie: exited, not yet reaped
     return None
-  return {"rss_mib": int(fields["VmRSS"].split()[0]) / 1024, "threads": int(fields["Threads"]),
-          "fds": fds}
+  elastic = sum(names[name] for name in ELASTIC_POOLS)
+  return {"rss_mib": int(fields["VmRSS"].split()[0]) / 1024,
+          "threads": int(fields["Threads"]) - elastic, "elastic_threads": elastic, "fds": fds,
+          "thread_names": dict(sorted(names.items()))}
+
+
+def _comm(task: Path) -> str:
+  try:
+    return task.joinpath("comm").read_text().strip()
+  except (FileNotFoundError, ProcessLookupError):  # the thread ended between the two reads
+    return "(ended)"
 
 
 def read_lines(path: Path, offset: int = 0) -> tuple[list[dict], int]:
@@ -227,6 +245,8 @@ def flatness(run: dict, warmup_s: float) -> dict[str, dict]:
     across = [{"session": index, "median": m, "change": _median_change(medians[0][1], m)}
               for index, m in medians]
     out[key] = {"within": within, "across": across}
+  elastic = [x["elastic_threads"] for _, samples in warm for x in samples if "elastic_threads" in x]
+  out["threads"]["elastic"] = [min(elastic), max(elastic)] if elastic else None
   return out
 
 
@@ -249,5 +269,7 @@ def check_flat(run: dict, flat: dict[str, dict]) -> list[dict]:
     if across is not None:
       values = ", ".join(f"{r['median']:.1f}" for r in f["across"])
       detail += f"; resumed sessions: {values} (worst {across['change']:+.1%})"
+    if f.get("elastic"):
+      detail += f"; besides, {ELASTIC_POOLS[0]} {f['elastic'][0]}..{f['elastic'][1]}"
     out.append(_check(run, f"{key} flat within {FLAT_TOLERANCE:.0%}", ok, detail))
   return out

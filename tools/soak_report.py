@@ -103,7 +103,8 @@ def table(results: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-  keys = [("rss_mib", "host RSS (MiB)"), ("threads", "threads"), ("fds", "open files")]
+  keys = [("rss_mib", "host RSS (MiB)"), ("threads", "threads (no elastic pool)"),
+          ("fds", "open files")]
   fig, axes = plt.subplots(len(keys), 1, figsize=(10, 8), sharex=True)
   t0 = min(s["launched_t"] for r in results["runs"] for s in r["sessions"])
   for color, run in zip(("tab:blue", "tab:orange", "tab:green"), results["runs"], strict=False):
