@@ -27,14 +27,14 @@ def collect(config, n: int, tmp_path, consume_delay_s: float = 0.0):
   spec = envs.env_spec(config.env)
   parts = build(config, spec, tmp_path)
   trainer = Trainer(parts, quiet=True)
-  state = trainer._init_state()
+  state = trainer.programs.init_state()
   store = ParamStore()
   store.publish(parts.algo.actor_params(state), 0)
   queue = RolloutQueue(4)
   controller = RateController(config.rate)
   stop = threading.Event()
   stats = EpisodeStats(5, float("nan"), lambda: 0)
-  actor = Actor(0, config, spec, parts.algo, trainer._policy_step(store.latest()[0]),
+  actor = Actor(0, config, spec, parts.algo, trainer.programs.policy_step(store.latest()[0]),
                 parts.actor_device, parts.mesh, queue, store, controller, stats, stop,
                 pool_factory=fake_factory(episode_len=EPISODE_LEN, truncate_every=3))
   thread = threading.Thread(target=actor.run, daemon=True)

@@ -325,7 +325,7 @@ def _three_checkpoints(run_dir: Path) -> tuple[object, dict]:
   is told apart; returns the abstract state and the saved states by version."""
   config = small_config()
   trainer = Trainer.from_config(config, envs.env_spec(config.env), run_dir=run_dir, quiet=True)
-  initial = trainer._init_state()
+  initial = trainer.programs.init_state()
   ck = Checkpointer(run_dir, use_async=False)
   saved = {}
   for v in (10, 20, 30):

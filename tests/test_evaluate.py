@@ -25,7 +25,7 @@ def initial_checkpoint(run_dir: Path, **flat) -> TrainConfig:
   config = TrainConfig.from_flat(flat | {"prng_impl": jax.config.jax_default_prng_impl})
   trainer = Trainer.from_config(config, validate(config, run_dir), run_dir=run_dir, quiet=True)
   ck = Checkpointer(run_dir, use_async=False)
-  ck.save(0, trainer._init_state(), {"version": 0, "config": config.to_flat()})
+  ck.save(0, trainer.programs.init_state(), {"version": 0, "config": config.to_flat()})
   ck.close()
   return config
 

@@ -3,7 +3,7 @@
   python -m tools.compile_time [--preset=cartpole_impala] [--flags='{"num_epochs": 1}']
   python -m tools.compile_time --cache_dir=/tmp/ct   # twice: the second run is the warm start
 
-Each program is lowered with the trainer's own functions (`Trainer._trace_init`,
+Each program is lowered with the trainer's own functions (`build.trace_init`,
 `actor.lower_policy_step`, `learner.lower_update`) and compiled with the trainer's options, one
 after the other; prints seconds for tracing + lowering and for the compile, and the number of
 fusions (a proxy for XLA:CPU's codegen work). Without --cache_dir JAX's persistent cache is off
@@ -41,14 +41,14 @@ def main() -> None:
   from jaxrl_async.runtime.build import build, trace_init
   from jaxrl_async.runtime.learners.on_policy import lower_update
   from jaxrl_async.runtime.pipeline.policy_step import lower_policy_step
-  from jaxrl_async.runtime.trainer import _RUN_ONCE_OPTIONS
+  from jaxrl_async.runtime.startup import RUN_ONCE_OPTIONS
 
   parts = build(config)
   spec = parts.spec
   traced = trace_init(parts)
   abstract = traced.out_info
   programs = {  # name -> (lower, compile options, devices)
-      "init": (traced.lower, None if args.default_init_options else _RUN_ONCE_OPTIONS,
+      "init": (traced.lower, None if args.default_init_options else RUN_ONCE_OPTIONS,
                parts.hosts.learner_devices),
       "policy-0": (lambda: lower_policy_step(
           parts.algo.make_policy(0), parts.algo.actor_params(abstract), spec,

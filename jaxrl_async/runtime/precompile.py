@@ -28,21 +28,10 @@ def _other_us(trainer: Any) -> list[int]:
 
 def precompile(trainer: Any) -> dict[str, Any]:
   """Compiles (or loads) every program a run of `trainer`'s config compiles at start-up, by the
-  trainer's own paths (so the cache keys are the run's), and auto's other U values; returns
-  the seconds taken and the names the executable cache served rather than compiled."""
+  run's own paths (`Trainer.compile_programs`, so the cache keys are the run's), and auto's
+  other U values; returns the seconds taken and the names the executable cache served rather
+  than compiled."""
   t0 = time.perf_counter()
-  others = _other_us(trainer)
-  startup = trainer._start_compiles(resume=False)
-  step = trainer._make_step(startup, 0, lambda: 0, None)
-  step.compile(startup.abstract)
-  for u in others:
-    step.compile_fn(startup.abstract, rollouts_per_update=u)
-  startup.state_future.result()
-  for future in startup.policy_futures.values():
-    future.result()
-  # One policy step per distinct (policy, device), named by its first actor, as the run does.
-  policies = sorted({startup.policy_keys.index(key) for key in startup.policy_keys})
-  programs = ["init", *(f"policy-{i}" for i in policies), "update",
-              *(f"update-u{u}" for u in others)]
+  programs = trainer.compile_programs(_other_us(trainer))
   return {"seconds": time.perf_counter() - t0, "programs": programs,
           "loaded": sorted(trainer.parts.executables.loaded)}

@@ -11,32 +11,27 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import functools
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
-import numpy as np
 from absl import logging
 
 from jaxrl_async import envs
 from jaxrl_async.config import TrainConfig
 from jaxrl_async.metrics import EpisodeStats, wall_s
-from jaxrl_async.runtime.build import Components, build, trace_init
+from jaxrl_async.runtime.build import Components, build
 from jaxrl_async.runtime.checkpoint_hook import CheckpointHook
-from jaxrl_async.runtime.learners.global_step import GlobalStep, compile_global_update
 from jaxrl_async.runtime.learners.loop import LearnerLoop
-from jaxrl_async.runtime.learners.on_policy import OnPolicyStep, batch_shapes, compile_update
-from jaxrl_async.runtime.learners.replay_step import ReplayStep
 from jaxrl_async.runtime.monitor import make_monitor
 from jaxrl_async.runtime.pipeline.actor import Actor, ActorTimers
 from jaxrl_async.runtime.pipeline.balancer import ActorGate, make_bounds, queue_capacity
 from jaxrl_async.runtime.pipeline.params import ParamStore
-from jaxrl_async.runtime.pipeline.policy_step import compile_policy_step
 from jaxrl_async.runtime.pipeline.queue import RolloutQueue
 from jaxrl_async.runtime.pipeline.rate import RateController
+from jaxrl_async.runtime.startup import Programs, Start, Startup
 from jaxrl_async.runtime.summary import write_summary
 from jaxrl_async.runtime.supervision import (
     Supervised,
@@ -49,40 +44,12 @@ from jaxrl_async.runtime.validation import check_devices, check_run_dir, validat
 
 __all__ = ["RunResult", "ThreadFailed", "Trainer", "check_devices", "check_run_dir", "validate"]
 
-# XLA options for a program that runs once (the initial state).
-_RUN_ONCE_OPTIONS = {"xla_backend_optimization_level": 0}
-
 
 @dataclasses.dataclass
 class RunResult:
   summary: dict[str, Any]
   state: Any
   version: int
-
-
-@dataclasses.dataclass
-class _Startup:
-  """The compiles start-up set going: the abstract state, the initial state's future, one
-  policy per actor (kept alive: the keys use their ids), each actor's (policy, device) key and
-  the compiled policy step per key, and the replay's restore for a resumed off-policy run."""
-
-  abstract: Any
-  state_future: Any
-  policies: list[Any]
-  policy_keys: list[tuple]
-  policy_futures: dict[tuple, Any]
-  replay_future: Any
-
-
-@dataclasses.dataclass
-class _Start:
-  """Where this session starts from: fresh (zeros) or a checkpoint's counters."""
-
-  version: int = 0
-  env_steps: int = 0
-  episodes: int = 0
-  wall_s_total: float = 0.0
-  resumed_from: int | None = None
 
 
 class Trainer:
@@ -102,8 +69,8 @@ class Trainer:
     self.stop = threading.Event()
     self._stop_reason: str | None = None
     self.pool_factory = pool_factory or envs.make_pool
-    self.start = _Start()
-    self.replay_restored = False  # a resumed off-policy run continued its saved replay
+    self.start = Start()
+    self.programs = Programs(parts, self.timings, self.start)
 
   @classmethod
   def from_config(cls, config: TrainConfig, spec: envs.EnvSpec | None = None,
@@ -111,62 +78,20 @@ class Trainer:
     """`Trainer(build(config, spec, run_dir), **kwargs)`: validates `config` first."""
     return cls(build(config, spec, run_dir), **kwargs)
 
+  @property
+  def replay_restored(self) -> bool:
+    """Whether a resumed off-policy run continued its saved replay."""
+    return self.programs.replay_restored
+
+  def compile_programs(self, other_us: Sequence[int] = ()) -> list[str]:
+    """Compiles (or loads) every program a fresh run of this config compiles at start-up, and
+    the update at each rollouts-per-update in `other_us`, and runs nothing; returns their names
+    (`Programs.compile_all`: the run's own paths, so the cache keys are the run's)."""
+    return self.programs.compile_all(other_us)
+
   def request_stop(self, reason: str) -> None:
     """Asks the run to end cleanly (from a signal handler or another thread)."""
     self._stop_reason = self._stop_reason or reason
-
-  # -- start-up: state, compiled functions ----------------------------------------------------
-
-  def _trace_init(self) -> Any:
-    return trace_init(self.parts, self.timings)
-
-  def _init_state(self, traced: Any = None) -> Any:
-    traced = traced if traced is not None else self._trace_init()
-    t0 = time.perf_counter()
-    # Init runs once, so its speed does not matter but its compile does: LLVM's optimisation
-    # off cuts that compile by a quarter here (`python -m tools.compile_time`, BUILD_NOTES.md).
-    compiled = self.parts.executables.compile("init", self.parts.hosts.learner_devices,
-                                              traced.lower, _RUN_ONCE_OPTIONS)
-    state = compiled(np.int32(self.config.run.seed))
-    jax.block_until_ready(state)
-    self.timings["compile_init_s"] = time.perf_counter() - t0 + self.timings["trace_init_s"]
-    return state
-
-  def _restore_state(self, abstract: Any) -> Any:
-    t0 = time.perf_counter()
-    state, meta = self.parts.checkpointer.restore(abstract)
-    c = meta["counters"]
-    self.start = _Start(int(meta["version"]), int(c["env_steps"]), int(c["episodes"]),
-                        float(c["wall_s_total"]), int(meta["version"]))
-    self.timings["restore_s"] = time.perf_counter() - t0
-    return state
-
-  def _abstract_replay(self) -> Any:
-    from jaxrl_async.runtime.learners.replay_step import abstract_replay
-
-    return abstract_replay(self.config, self.parts.spec, self.parts.algo, self.parts.mesh)
-
-  def _restore_replay(self, abstract: Any, after: Any) -> Any:
-    """The checkpoint's (replay, host counters), or None if it holds none (the learner then
-    starts an empty one). Runs after the state's restore (`after`), never beside it."""
-    after.result()
-    t0 = time.perf_counter()
-    restored = self.parts.checkpointer.restore_replay(abstract, self.start.resumed_from)
-    self.timings["restore_replay_s"] = time.perf_counter() - t0
-    self.replay_restored = restored is not None
-    return restored
-
-  def _policy_step(self, params: Any, device: jax.Device | None = None, policy: Any = None,
-                   actor_index: int = 0) -> Any:
-    """The compiled policy step (`compile_policy_step`) for `device`; `policy` is actor
-    `actor_index`'s (`make_policy` is a function of the config and the index)."""
-    t0 = time.perf_counter()
-    p = self.parts
-    compiled = compile_policy_step(policy or p.algo.make_policy(actor_index), params, p.spec,
-                                   self.config.env.batch_size, device or p.actor_device,
-                                   p.executables, f"policy-{actor_index}")
-    self.timings["compile_policy_s"] = time.perf_counter() - t0
-    return compiled
 
   # -- the run ------------------------------------------------------------------------------
 
@@ -182,7 +107,7 @@ class Trainer:
     resume = newest is not None
     if resume:
       self.start.version = int(newest)
-    startup = self._start_compiles(resume, compile_=stopped_before is None)
+    startup = self.programs.start_compiles(resume, compile_=stopped_before is None)
     version = self.start.version
     store = self.parts.cluster.param_store() if self.parts.cluster else ParamStore()
     auto = cfg.rate.balance == "auto"
@@ -196,8 +121,8 @@ class Trainer:
     session_steps = lambda: sum(t.env_steps for t in actor_timers)
     env_steps = lambda: self.start.env_steps + session_steps()
     stats = EpisodeStats(cfg.run.return_window, cfg.run.stop_at_return, env_steps)
-    step = self._make_step(startup, version, session_steps, stats,
-                           current_u=(lambda: controller.rollouts_per_update) if auto else None)
+    current_u = (lambda: controller.rollouts_per_update) if auto else None
+    step = self.programs.make_step(startup, session_steps, stats, current_u)
     hook = (CheckpointHook(self.parts.checkpointer, cfg, step, controller, env_steps, stats,
                            lambda: self.start)
             if self.parts.checkpointer is not None else None)
@@ -298,61 +223,7 @@ class Trainer:
         return None
       _, pending = concurrent.futures.wait(pending, timeout=0.05)
 
-  def _start_compiles(self, resume: bool, compile_: bool = True) -> _Startup:
-    """Start-up is most of a short run here: the initial state, the policies and (in the learner
-    thread) the update compile at the same time, each from abstract shapes (XLA compiles
-    outside the GIL). Without `compile_` (a stop came first) only the shapes are traced."""
-    cfg, p = self.config, self.parts
-    traced_init = self._trace_init()
-    abstract = traced_init.out_info
-    if not compile_:
-      never: concurrent.futures.Future = concurrent.futures.Future()
-      never.cancel()
-      return _Startup(abstract, never, [], [], {}, None)
-    pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="startup")
-    state_future = pool.submit(self._restore_state if resume else self._init_state,
-                               abstract if resume else traced_init)
-    # One compile per distinct (policy, device): IMPALA and PPO share one policy; DQN's
-    # differ per actor (their exploration epsilons).
-    actor_devices = p.hosts.actor_devices
-    policies = [p.algo.make_policy(i) for i in range(cfg.actor.num_actors)]  # kept alive
-    keys = [(id(policies[i]), i % len(actor_devices)) for i in range(cfg.actor.num_actors)]
-    policy_futures: dict[tuple, Any] = {}
-    for i, key in enumerate(keys):
-      if key not in policy_futures:
-        policy_futures[key] = pool.submit(self._policy_step, p.algo.actor_params(abstract),
-                                          actor_devices[key[1]], policies[i], i)
-    replay_future = None
-    if resume and p.algo.off_policy and cfg.checkpoint.checkpoint_replay:
-      replay_future = pool.submit(self._restore_replay, self._abstract_replay(), state_future)
-    pool.shutdown(wait=False)
-    return _Startup(abstract, state_future, policies, keys, policy_futures, replay_future)
-
-  def _make_step(self, startup: _Startup, version: int, session_steps: Any,
-                 stats: EpisodeStats, current_u: Any = None) -> Any:
-    """The learner's step (learners/loop.py): replay, global (several processes) or on-policy
-    (whose U follows `current_u`, the rate controller's, under --balance=auto)."""
-    cfg, p = self.config, self.parts
-    if p.algo.off_policy:
-      rollout = batch_shapes(cfg, p.spec, p.algo, p.mesh)[0]
-      return ReplayStep(p.algo, p.mesh, rollout, self._abstract_replay(), cfg.env.num_envs,
-                        cfg.run.total_env_steps, startup.replay_future)
-    hosts = p.cluster.num_processes if p.cluster else 1
-    per_update = cfg.env_steps_per_update * hosts  # --total_env_steps counts every host's
-    target = -(-cfg.run.total_env_steps // per_update)
-    consumed = cfg.env_steps_per_rollout * max(p.algo.epochs_per_update, 1)
-    if p.cluster is None:
-      compile_fn = functools.partial(compile_update, cfg, p.spec, p.algo, p.mesh,
-                                     executables=p.executables)
-      return OnPolicyStep(compile_fn, cfg.rate.rollouts_per_update, target, consumed, current_u)
-    # This host's counts this session (stats count this session's episodes only).
-    counts = lambda: {"env_steps": session_steps(), "episodes": stats.episodes}
-    compile_fn = functools.partial(compile_global_update, cfg, p.spec, p.algo, p.mesh,
-                                   num_processes=hosts)
-    return GlobalStep(compile_fn, cfg.rate.rollouts_per_update, target, consumed, p.mesh,
-                      p.cluster, counts, wall_s)
-
-  def _make_actors(self, startup: _Startup, version: int, queue: RolloutQueue, store: Any,
+  def _make_actors(self, startup: Startup, version: int, queue: RolloutQueue, store: Any,
                    controller: RateController, stats: EpisodeStats, gate: Any,
                    timers: list[ActorTimers]) -> list[Actor]:
     p = self.parts
