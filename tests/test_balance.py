@@ -27,10 +27,11 @@ def window(idle=0.0, blocked=0.0, lag=0.5, consumed=20, actor_rate=10.0, learner
                 learner_rate=learner_rate, consumed=consumed, lag_mean=lag)
 
 
-def controller(u=1, f=None, active=4, k=1, settle=0, judge_windows=1, **kw):
+def controller(u=1, f=None, active=4, k=1, settle=0, judge_windows=1, num_actors=4, **kw):
   """One window per decision, so each rule shows in one step (pooling has its own test)."""
-  bounds = Bounds(num_actors=4, max_lag=k, u_choices=kw.pop("u_choices", (1, 2, 3, 4, 6, 8)),
-                  settle=settle, judge_windows=judge_windows, **kw)
+  bounds = Bounds(num_actors=num_actors, max_lag=k,
+                  u_choices=kw.pop("u_choices", (1, 2, 3, 4, 6, 8)), settle=settle,
+                  judge_windows=judge_windows, **kw)
   return BalanceController(bounds, Setting(u, f or bounds.cap(u), active))
 
 
@@ -105,8 +106,32 @@ def test_a_larger_u_that_costs_throughput_is_undone_and_actors_pause_instead():
   assert d.lever == "active_actors+" and c.setting.active_actors == 3
   d = c.step(window(idle=0.8, blocked=0.3, consumed=17))  # a loss: back, not tried again
   assert d.lever == "undo" and c.setting.active_actors == 2 and "actors stay <= 2" in d.reason
-  d = c.step(window(idle=0.8, blocked=0.1))  # every actor working: probe one fewer
+  # Every actor working. The bound on U was found with 4 actors; with 2 it is tried afresh.
+  d = c.step(window(idle=0.8, blocked=0.1))
+  assert d.lever == "rollouts_per_update+" and c.setting == Setting(2, 4, 2)
+  d = c.step(window(idle=0.8, blocked=0.05, consumed=16))  # it gained nothing: back
+  assert d.lever == "undo" and "U stays <= 1 with 2 actors" in d.reason
+  d = c.step(window(idle=0.8, blocked=0.1))  # then one fewer
   assert d.lever == "active_actors-" and "probing 1 actors" in d.reason
+
+
+def test_a_bound_on_u_holds_for_the_actors_it_was_found_with():
+  """A larger U that cost with 6 actors (they crowd the learner's cores) is tried again with
+  3, where fewer, larger updates can make more; with 6 again it stays bounded."""
+  c = controller(u=1, f=2, active=6, num_actors=6)
+  assert c.step(window(idle=0.8, blocked=0.7)).setting == Setting(3, 6, 6)
+  d = c.step(window(idle=0.85, blocked=0.1, consumed=13))
+  assert d.lever == "undo" and "U stays <= 1 with 6 actors" in d.reason
+  d = c.step(window(idle=0.8, blocked=0.7))
+  assert d.lever == "active_actors-" and c.setting == Setting(1, 2, 2)
+  d = c.step(window(idle=0.8, blocked=0.1, consumed=17))  # 2 lost 15%: back, 3 at least
+  assert d.lever == "undo" and c.setting == Setting(1, 2, 6) and "actors stay >= 3" in d.reason
+  assert c.step(window(idle=0.8, blocked=0.7)).setting == Setting(1, 2, 3)
+  d = c.step(window(idle=0.8, blocked=0.45))  # 3 still wait on 2 tickets: a larger U
+  assert d.lever == "rollouts_per_update+" and c.setting == Setting(2, 4, 3)
+  d = c.step(window(idle=0.8, blocked=0.1, consumed=20))  # it cost nothing: kept
+  assert d is None or d.lever != "undo"
+  assert c.setting.rollouts_per_update == 2 and c._ceiling_u == {6: 1}
 
 
 def test_a_pause_jumps_to_the_actors_the_tickets_employ_and_an_undone_jump_floors_above_it():

@@ -35,7 +35,9 @@ the verdict lies within `rate_cost` of its line; every decision reads the last `
 at the setting in force. A move that cost more than `rate_cost` of the
 throughput (rollouts learned per second), or that took production away and added more than
 `idle_cost` of learner idle, is undone into a bound for its lever (a floor or ceiling of F,
-U, the active actors); a resume or probe that gained nothing is undone too. So each experiment
+U, the active actors; U's ceiling holds for the actors it was found with, since a larger U
+costs with many actors beside the learner and pays with few); a resume or probe that gained
+nothing is undone too. So each experiment
 is made once (without bounds the lag and idle rules would alternate), and where actors share
 the learner's cores and a larger U costs throughput, the judge finds it and actors pause
 instead. Bounds are forgotten when the learner's rate at a held setting (read over enough busy
@@ -79,7 +81,7 @@ class BalanceController:
     self._no_finer: set[int] = set()  # U values a finer U starved
     self._floor_active = 1
     self._ceiling_active = bounds.num_actors
-    self._ceiling_u = max(bounds.u_choices)
+    self._ceiling_u: dict[int, int] = {}  # active actors -> the largest U that paid there
     self._rates: float | None = None  # the learner's rate when the bounds were set
     self._recent: collections.deque = collections.deque(maxlen=5)
     self._held: set[str] = set()  # holds already said (they would repeat every window)
@@ -164,8 +166,8 @@ class BalanceController:
       self._no_finer.add(back.rollouts_per_update)
       bound = f"U stays {back.rollouts_per_update} for lag"
     elif trial.kind in ("rollouts_per_update+", "probe_u"):
-      self._ceiling_u = back.rollouts_per_update
-      bound = f"U stays <= {back.rollouts_per_update}"
+      self._ceiling_u[back.active_actors] = back.rollouts_per_update
+      bound = f"U stays <= {back.rollouts_per_update} with {back.active_actors} actors"
     elif trial.kind in ("active_actors-", "probe_active"):
       # A jump's untried steps stay open, unless the throughput fell with the actors (half
       # the hands made about half as much: the hands are the production, none is spare).
@@ -200,7 +202,7 @@ class BalanceController:
       if u <= s.rollouts_per_update:  # they do already: the wait is the pipeline's latency
         u = self._u_finer(s.rollouts_per_update) or u
         why = "more rollouts in flight per version cover the wait for new params"
-      if s.rollouts_per_update < u <= self._ceiling_u:
+      if s.rollouts_per_update < u <= self._u_ceiling():
         return self._move(Setting(u, b.cap(u), s.active_actors, s.samples_per_insert),
                           "rollouts_per_update+", w,
                           f"{idle}, {why_blocked} with F at (K + 1) U: U up to {u}: {why}")
@@ -246,7 +248,7 @@ class BalanceController:
         return self._move(dataclasses.replace(s, in_flight=s.in_flight - 1), "in_flight-", w,
                           f"{lag}, {busy}: F down to {s.in_flight - 1}")
       finer = self._u_finer(u)
-      if (finer is not None and finer <= self._ceiling_u and s.in_flight > u
+      if (finer is not None and finer <= self._u_ceiling() and s.in_flight > u
           and u not in self._no_finer):
         f = min(2 * s.in_flight - 1, b.cap(finer))
         return self._move(Setting(finer, f, s.active_actors, s.samples_per_insert), "finer", w,
@@ -286,7 +288,7 @@ class BalanceController:
     b, s = self.bounds, self.setting
     if b.moves_flight:
       u = self._u_finer(s.rollouts_per_update)
-      if (u is not None and u <= self._ceiling_u
+      if (u is not None and u <= self._u_ceiling()
           and not (keep_lag and s.rollouts_per_update in self._no_finer)):  # tried for lag
         f = b.cap(u)
         if keep_lag:
@@ -298,6 +300,12 @@ class BalanceController:
       return self._move(dataclasses.replace(s, active_actors=n), "probe_active", w,
                         f"{why}: probing {n} actors")
     return None
+
+  def _u_ceiling(self) -> int:
+    """The largest U to try with the actors active now. A U that cost throughput is bounded
+    for that many actors only: what a larger U does turns with the actors beside it (fast
+    learner, this host: U = 3 made 34% less than U = 1 with 6 actors, 7% more with 2)."""
+    return self._ceiling_u.get(self.setting.active_actors, max(self.bounds.u_choices))
 
   def _fewer(self, actors: float) -> int:
     """Actors for a pause, in one move (one a window took most of a short run): `actors`
@@ -349,7 +357,7 @@ class BalanceController:
       self._ceiling_flight.clear()
       self._no_finer.clear()
       self._floor_active, self._ceiling_active = 1, self.bounds.num_actors
-      self._ceiling_u = max(self.bounds.u_choices)
+      self._ceiling_u.clear()
 
   def _move(self, setting: Setting, kind: str, w: Window, reason: str,
             judged: bool = True) -> Decision:
