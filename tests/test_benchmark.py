@@ -363,6 +363,33 @@ def test_device_check_dry_run_lists_the_pong_training_and_the_throughput_step(tm
   assert not (tmp_path / "out" / "steps.tsv").exists()  # nothing ran
 
 
+def test_device_check_balance_dry_run_lists_the_breakout_grid_alone(tmp_path):
+  done = subprocess.run(["bash", str(REPO / "tools" / "device_check.sh"), str(tmp_path / "out"),
+                         "--dry-run", "--balance"], cwd=REPO, capture_output=True, text=True,
+                        timeout=60)
+  assert done.returncode == 0, done.stderr
+  grid = [line for line in done.stdout.splitlines() if "tools.suites.balance_grid" in line]
+  assert len(grid) == 1 and "--regimes breakout" in grid[0] and "auto:1:8" in grid[0]
+  assert "--seeds 0" in grid[0] and "--max_wall_s 60" in grid[0]
+  assert "experiments.train" not in done.stdout and "throughput" not in done.stdout
+  bad = subprocess.run(["bash", str(REPO / "tools" / "device_check.sh"), str(tmp_path / "o2"),
+                        "--balanced"], cwd=REPO, capture_output=True, text=True, timeout=60)
+  assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def test_the_gpu_balance_regime_lets_auto_move_u():
+  """An annealed learning rate counts updates, so auto holds U (fixed_batch): the GPU regime's
+  runs turn it off, and the rest of the preset stays."""
+  from experiments.presets import preset
+  from jaxrl_async.config import TrainConfig
+  from tools.suites import balance_grid
+
+  name, _, flags = balance_grid.REGIMES["breakout"]
+  assert TrainConfig.from_flat(preset(name)).algo.anneal_lr
+  config = TrainConfig.from_flat({**preset(name), **flags})
+  assert not config.algo.anneal_lr and config.env.env_id == "Breakout-v5"
+
+
 def test_run_summary_counts_what_was_lost_and_who_waited(tmp_path):
   from tools import run_summary
 

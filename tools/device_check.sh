@@ -7,9 +7,15 @@
 # log.txt, steps.tsv, pong_return.png, and device_check.tar.gz with everything else (the work
 # folder, outside OUT_DIR).
 #
-#   bash tools/device_check.sh OUT_DIR [--dry-run] [--skip-install]
+#   bash tools/device_check.sh OUT_DIR [--dry-run] [--skip-install] [--balance]
 #
 # --dry-run prints the steps without running them. --skip-install uses the Python as it is.
+# --balance runs issue 18's GPU regime instead of the suites and the training: the balance grid
+# on Breakout at K = 1 (tools/suites/balance_grid.py), a few fixed settings of rollouts per
+# update x actors against --balance=auto, one seed, DEVICE_CHECK_BALANCE_RUN_S (default 60) per
+# run with its first DEVICE_CHECK_BALANCE_WARMUP_S (default 30) left out; the settings are
+# DEVICE_CHECK_BALANCE_SETTINGS (balance:U:N, comma separated). On a CPU it runs the `fast`
+# regime briefly instead, to try the path. summary.md gets the grid's results.md.
 # An offline GPU host (/work/shared/device/README.md): when $REPO/.device/site.tar.xz exists
 # (`bash ../shared/device/make_site.sh .device/site.tar.xz`) and envpool or rlax does not import,
 # it is unpacked to DEVICE_CHECK_SITE (default /tmp/site), which goes first on PYTHONPATH.
@@ -26,15 +32,17 @@
 # transfer ~30 s, training 300 s plus ~40 s start-up, plot and summary ~15 s: ~500 s.
 set -u -o pipefail
 
-usage="usage: bash tools/device_check.sh OUT_DIR [--dry-run] [--skip-install]"
+usage="usage: bash tools/device_check.sh OUT_DIR [--dry-run] [--skip-install] [--balance]"
 OUT=${1:?$usage}
 shift
 DRY=0
 INSTALL=1
+BALANCE=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
     --skip-install) INSTALL=0 ;;
+    --balance) BALANCE=1 ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
@@ -130,6 +138,44 @@ fi
 # EnvPool and rlax (through tfp) are what the offline host lacks: import both here, where a
 # missing package shows first.
 step devices 60 "$PY" -c "import jax, envpool, rlax; print('jax', jax.__version__, jax.devices(), '| envpool', envpool.__version__, envpool.__file__, '| rlax', rlax.__file__)"
+
+if (( BALANCE )); then
+  if [[ "$BACKEND" == "gpu" || "$BACKEND" == "cuda" ]] || (( DRY )); then
+    REGIME=breakout
+    SETTINGS=${DEVICE_CHECK_BALANCE_SETTINGS:-auto:1:8,off:1:8,off:4:8,off:8:8,off:8:4}
+    RUN_S=${DEVICE_CHECK_BALANCE_RUN_S:-60}
+    WARMUP_S=${DEVICE_CHECK_BALANCE_WARMUP_S:-30}
+  else
+    echo "device_check: no GPU (backend '$BACKEND'): the fast CPU regime, briefly"
+    export JAX_PLATFORMS=cpu
+    REGIME=fast
+    SETTINGS=${DEVICE_CHECK_BALANCE_SETTINGS:-auto:1:6,off:1:6,off:6:2}
+    RUN_S=${DEVICE_CHECK_BALANCE_RUN_S:-20}
+    WARMUP_S=${DEVICE_CHECK_BALANCE_WARMUP_S:-8}
+  fi
+  RUNS=$(( $(tr -cd , <<<"$SETTINGS" | wc -c) + 1 ))
+  # Each run: its wall cap, plus start-up past it and the process's exit; auto's programs
+  # compile first (one process, up to ~90 s cold). Auto runs first: a budget cut short takes a
+  # fixed setting. A timeout writes no results.md; the runs' own files are in the tarball.
+  step balance-grid $(( RUNS * (RUN_S + 20) + 90 )) "$PY" -m tools.suites.balance_grid \
+    "$WORK/balance" --regimes "$REGIME" --settings "$SETTINGS" --seeds 0 \
+    --max_wall_s "$RUN_S" --warmup_s "$WARMUP_S"
+  if (( ! DRY )); then
+    {
+      echo "# device check --balance $(date -Is)"
+      echo
+      echo "backend: $BACKEND; repo at $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?'); regime $REGIME; settings $SETTINGS; ${RUN_S} s a run, warm-up ${WARMUP_S} s"
+      echo
+      echo '```'
+      cat "$OUT/steps.tsv"
+      echo '```'
+      [[ -f "$WORK/balance/results.md" ]] && { echo; sed 's/^#/##/' "$WORK/balance/results.md"; }
+    } >"$OUT/summary.md" 2>&1
+    tar -czf "$OUT/device_check.tar.gz" -C "$WORK" --exclude='*/cache' . 2>/dev/null
+    echo "device_check: done in $(( $(date +%s) - T0 ))s; see $OUT/summary.md (everything: $OUT/device_check.tar.gz, from $WORK)"
+  fi
+  exit 0
+fi
 
 TRAIN_S=${DEVICE_CHECK_TRAIN_S:-300}
 if [[ "$BACKEND" == "gpu" || "$BACKEND" == "cuda" ]] || (( DRY )); then
