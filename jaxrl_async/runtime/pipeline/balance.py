@@ -304,7 +304,7 @@ class BalanceController:
   def _u_ceiling(self) -> int:
     """The largest U to try with the actors active now. A U that cost throughput is bounded
     for that many actors only: what a larger U does turns with the actors beside it (fast
-    learner, this host: U = 3 made 34% less than U = 1 with 6 actors, 7% more with 2)."""
+    learner, this host: U = 3 made 34% less than U = 1 with 6 actors, 5-7% more with 2)."""
     return self._ceiling_u.get(self.setting.active_actors, max(self.bounds.u_choices))
 
   def _fewer(self, actors: float) -> int:
