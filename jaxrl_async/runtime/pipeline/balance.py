@@ -37,13 +37,13 @@ throughput (rollouts learned per second), or that took production away and added
 `idle_cost` of learner idle, is undone into a bound for its lever (a floor or ceiling of F,
 U, the active actors; U's ceiling holds for the actors it was found with, since a larger U
 costs with many actors beside the learner and pays with few); a resume or probe that gained
-nothing is undone too. So each experiment
-is made once (without bounds the lag and idle rules would alternate), and where actors share
-the learner's cores and a larger U costs throughput, the judge finds it and actors pause
-instead. Bounds are forgotten when the learner's rate at a held setting (read over enough busy
-time to time an update by) moves by more than `replan` (a second job on the device). A first
-window after a move that lost three times `rate_cost`, and more than its grain, is a
-verdict on its own. Every decision carries its reason and measurements.
+nothing is undone too. So each experiment is made once (without bounds the lag and idle
+rules would alternate), and where actors share the learner's cores and a larger U costs
+throughput, the judge finds it and actors pause instead. Bounds are forgotten when the
+learner's rate at a held setting (read over enough busy time to time an update by) moves by
+more than `replan` (a second job on the device). A first window after a move that lost three
+times `rate_cost`, and more than its grain, is a verdict on its own. Every decision carries
+its reason and measurements.
 """
 
 from __future__ import annotations
