@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from jaxrl_async.checkpoint import Checkpointer
 from jaxrl_async.config import RateConfig
 from jaxrl_async.runtime.learners.loop import LearnerLoop
 from jaxrl_async.runtime.learners.on_policy import OnPolicyStep
@@ -426,16 +427,34 @@ def test_gate_pauses_actors_above_active():
 def test_a_run_under_auto_moves_u_compiles_it_and_keeps_the_cap(tmp_path):
   """4 actors at K = 1 and U = 1 hold 2 tickets: the learner idles, the actors wait, so auto
   raises U (compiling the update for it while the run goes on) within the cap, drops nothing,
-  and every decision is in summary.json with its reason and measurements."""
+  and every decision is in summary.json with its reason and measurements. The annealed learning
+  rate counts the env steps learned, so it ends with the budget whatever U did, and a resume
+  counts its budget from the rollouts learned, not from the version."""
   # target_idle=0: the learner always counts as short of rollouts, however loaded the machine.
   config = small_config(num_actors=4, max_policy_lag=1, rollouts_per_update=1, balance="auto",
                         target_lag=0.5, target_idle=0.0, balance_every_s=0.2,
-                        total_env_steps=40_000, stop_at_return=float("nan"))
-  s = Trainer.from_config(config, run_dir=tmp_path, quiet=True).run().summary
+                        total_env_steps=40_000, stop_at_return=float("nan"), anneal_lr=True,
+                        checkpoint_at_end=True)
+  result = Trainer.from_config(config, run_dir=tmp_path, quiet=True).run()
+  s = result.summary
   moves = [d for d in s["balance_decisions"] if d["lever"] == "rollouts_per_update+"]
   assert moves, s["balance_decisions"]
   last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
-  assert {"1", "2"} <= set(last["updates_by_rollouts_per_update"])  # compiled, and learned with
+  by_u = last["updates_by_rollouts_per_update"]
+  assert {"1", "2"} <= set(by_u)  # compiled, and learned with
+  learned = sum(int(u) * n for u, n in by_u.items())
+  budget = 40_000 // 64  # rollouts of 8 envs x 8 steps; 625 updates at the configured U = 1
+  assert budget <= learned < budget + max(map(int, by_u)) and result.version < learned
+  # One configured update (one gradient step) per rollout learned: the schedule's end, 625,
+  # was reached, so the rate is 0, though the run made fewer than 625 updates.
+  assert int(result.state.progress.count) == learned and int(result.state.progress.rem) == 0
+  meta = Checkpointer(tmp_path).read_meta()
+  assert meta["counters"]["rollouts_learned"] == learned
+  resumed = Trainer.from_config(small_config(**{**config.to_flat(), "balance": "off",
+                                                "total_env_steps": 64 * (learned + 20),
+                                                "resume": True}),
+                                run_dir=tmp_path, quiet=True).run()
+  assert resumed.version == result.version + 20  # U = 1 from here: 20 rollouts left
   assert all(d["reason"] and "learner_idle" in d["window"] for d in s["balance_decisions"])
   assert s["max_policy_lag_seen"] <= 1 and s["dropped_stale"] == 0, (
       s["dropped_lag_hist"], [(d["wall_s"], d["lever"], d["rollouts_per_update"], d["in_flight"])
@@ -443,21 +462,19 @@ def test_a_run_under_auto_moves_u_compiles_it_and_keeps_the_cap(tmp_path):
   assert s["stop_reason"] == "budget"
 
 
-def test_bounds_follow_the_run_u_moves_only_where_nothing_counts_updates():
+def test_bounds_follow_the_run_u_moves_on_one_process_learning_from_rollouts():
   from types import SimpleNamespace as NS
 
   from jaxrl_async.runtime.pipeline.balancer import make_bounds, queue_capacity
 
-  on_policy = NS(off_policy=False, fixed_batch=False)
+  on_policy = NS(off_policy=False)
   config = small_config(num_actors=4, max_policy_lag=1, num_envs=3, num_minibatches=2,
                         rollouts_per_update=2, balance="auto")
   b = make_bounds(config, on_policy, multi_process=False)
   assert b.u_choices == (2, 4) and b.max_lag == 1 and b.spi_range is None  # 3 envs x U / 2
   assert queue_capacity(config, b) == 8  # (K + 1) x the largest U
   assert make_bounds(config, on_policy, multi_process=True).u_choices == (2,)
-  annealed = NS(off_policy=False, fixed_batch=True)
-  assert make_bounds(config, annealed, multi_process=False).u_choices == (2,)
-  replay = NS(off_policy=True, fixed_batch=False)
+  replay = NS(off_policy=True)
   dqn = small_config(algo="dqn", free_running=True, batch_size=8, min_replay_size=100,
                      replay_size=1_000, samples_per_insert=8.0, spi_tolerance=2.0,
                      balance="auto")

@@ -377,17 +377,23 @@ def test_device_check_balance_dry_run_lists_the_breakout_grid_alone(tmp_path):
   assert bad.returncode == 2 and "usage" in bad.stderr
 
 
-def test_the_gpu_balance_regime_lets_auto_move_u():
-  """An annealed learning rate counts updates, so auto holds U (fixed_batch): the GPU regime's
-  runs turn it off, and the rest of the preset stays."""
+def test_the_gpu_balance_regime_runs_the_preset_and_auto_may_move_its_u():
+  """The annealed learning rate counts env steps (algos/schedule.py), so the GPU regime runs the
+  preset as a user would, annealing on, and --balance=auto may still move U there."""
+  from types import SimpleNamespace as NS
+
   from experiments.presets import preset
   from jaxrl_async.config import TrainConfig
+  from jaxrl_async.runtime.pipeline.balancer import make_bounds
   from tools.suites import balance_grid
 
   name, _, flags = balance_grid.REGIMES["breakout"]
-  assert TrainConfig.from_flat(preset(name)).algo.anneal_lr
-  config = TrainConfig.from_flat({**preset(name), **flags})
-  assert not config.algo.anneal_lr and config.env.env_id == "Breakout-v5"
+  assert flags == {}
+  config = TrainConfig.from_flat({**preset(name), "balance": "auto"})
+  assert config.algo.anneal_lr and config.env.env_id == "Breakout-v5"
+  u0 = config.rate.rollouts_per_update
+  choices = make_bounds(config, NS(off_policy=False), multi_process=False).u_choices
+  assert u0 in choices and len(choices) > 1, choices
 
 
 def test_run_summary_counts_what_was_lost_and_who_waited(tmp_path):

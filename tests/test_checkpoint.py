@@ -89,13 +89,23 @@ def test_a_resumed_run_keeps_learning_on_cartpole(tmp_path):
   assert final >= max(2 * at_checkpoint, at_checkpoint + 50), (at_checkpoint, final)
 
 
-def test_resume_with_another_network_is_refused(tmp_path):
-  run(small_config(total_env_steps=1_000, checkpoint_at_end=True), tmp_path)
-  r = subprocess.run([sys.executable, "-m", "experiments.train", f"--run_dir={tmp_path}",
-                      "--resume", "--hidden_sizes=32,32"], cwd=ROOT, env=ENV,
-                     capture_output=True, text=True, timeout=120)
+def test_resume_with_another_network_or_an_older_state_layout_is_refused(tmp_path):
+  first = run(small_config(total_env_steps=1_000, checkpoint_at_end=True), tmp_path)
+  resume = lambda *flags: subprocess.run(
+      [sys.executable, "-m", "experiments.train", f"--run_dir={tmp_path}", "--resume", *flags],
+      cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+  r = resume("--hidden_sizes=32,32")
   assert r.returncode == 2
   assert "--hidden_sizes" in r.stderr and "checkpoint" in r.stderr
+  # A checkpoint written before the train state held `progress` (algos/schedule.py) records no
+  # layout: it would not restore, and is refused before anything starts.
+  meta_file = tmp_path / "checkpoints" / str(first.version) / "meta" / "metadata"
+  meta = json.loads(meta_file.read_text())
+  assert meta.pop("state_layout") == 2
+  meta_file.write_text(json.dumps(meta))
+  r = resume("--hidden_sizes=16,16")
+  assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+  assert "--resume" in r.stderr and "layout 1" in r.stderr and "layout 2" in r.stderr
 
 
 def test_interrupted_save_never_hides_the_previous_checkpoint(tmp_path):

@@ -4,6 +4,12 @@ Free of JAX at import: the registry and each algorithm's settings are read by th
 layer and the launcher's flags; a factory and JAX are imported when an algorithm is built.
 """
 
-from jaxrl_async.algos.registry import ALGORITHMS, check, is_off_policy, make_algorithm
+from jaxrl_async.algos.registry import (
+  ALGORITHMS,
+  check,
+  is_off_policy,
+  make_algorithm,
+  state_layout,
+)
 
-__all__ = ["ALGORITHMS", "check", "is_off_policy", "make_algorithm"]
+__all__ = ["ALGORITHMS", "check", "is_off_policy", "make_algorithm", "state_layout"]

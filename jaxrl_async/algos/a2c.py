@@ -36,6 +36,13 @@ from jaxrl_async.algos.losses import (
   normalized_advantages,
   sample_categorical,
 )
+from jaxrl_async.algos.schedule import (
+  EnvStepClock,
+  Progress,
+  learning_rate,
+  progress_init,
+  scale_updates,
+)
 from jaxrl_async.config import NetworkConfig
 from jaxrl_async.config.checks import check_discrete_actions
 from jaxrl_async.envs import EnvSpec
@@ -48,6 +55,7 @@ class A2CState:
   params: Any
   opt_state: Any
   version: Array  # learner updates applied so far
+  progress: Progress  # env steps learned from, which the learning rate's schedule counts
 
 
 def a2c_loss(net: ActorCritic, params: Any, batch: Rollout, axis_name: str, *, discount: float,
@@ -86,20 +94,22 @@ def a2c_loss(net: ActorCritic, params: Any, batch: Rollout, axis_name: str, *, d
 
 
 def make_a2c(cfg: A2CConfig, spec: EnvSpec, network: NetworkConfig, axis_name: str,
-             num_updates: int, lag: LagWeighting = UNWEIGHTED) -> Algorithm:
+             num_updates: int, columns_per_update: int,
+             lag: LagWeighting = UNWEIGHTED) -> Algorithm:
   """A2C for discrete actions.
 
   Args:
     cfg: its settings. spec: the env's. network: the actor-critic's torso.
-    axis_name: the learner axis `update` runs under. num_updates: the updates the run makes,
-      over which the learning rate anneals (`cfg.anneal_lr`). lag: how rollouts are weighted
-      by their lag.
+    axis_name: the learner axis `update` runs under. num_updates, columns_per_update: the
+      updates the run makes and the env columns each takes at the configured rollouts per update
+      (one process's); the learning rate anneals (`cfg.anneal_lr`) over the env steps they hold
+      (schedule.py). lag: how rollouts are weighted by their lag.
   """
   check_discrete_actions("a2c", spec)
   net = ActorCritic(network, spec.num_actions, discrete=True)
-  lr = (optax.linear_schedule(cfg.learning_rate, 0.0, max(num_updates, 1))
-        if cfg.anneal_lr else cfg.learning_rate)
-  optimizer = clipped_adam(lr, cfg.max_grad_norm)
+  clock = EnvStepClock(1, columns_per_update, axis_name)
+  lr = learning_rate(cfg.learning_rate, cfg.anneal_lr, num_updates)
+  optimizer = clipped_adam(1.0, cfg.max_grad_norm)  # the rate multiplies after (scale_updates)
   loss_fn = functools.partial(
       a2c_loss, net, axis_name=axis_name, discount=cfg.discount, gae_lambda=cfg.gae_lambda,
       value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef,
@@ -107,7 +117,7 @@ def make_a2c(cfg: A2CConfig, spec: EnvSpec, network: NetworkConfig, axis_name: s
 
   def init(key: PRNGKey) -> A2CState:
     params = net.init(key, jnp.zeros((1,) + spec.obs_shape, spec.obs_dtype))
-    return A2CState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+    return A2CState(params, optimizer.init(params), jnp.zeros((), jnp.int32), progress_init())
 
   def update(state: A2CState, batch: Rollout) -> tuple[A2CState, Metrics]:
     batch = lag.apply(batch, state.version)
@@ -115,8 +125,11 @@ def make_a2c(cfg: A2CConfig, spec: EnvSpec, network: NetworkConfig, axis_name: s
     grads, metrics = psum_flat((grads, metrics), axis_name)
     metrics["grad_norm"] = optax.global_norm(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    return A2CState(params, opt_state, state.version + 1), metrics
+    columns = batch.rewards.shape[1]
+    metrics["learning_rate"] = lr(clock.count_at(state.progress, 0, columns))
+    params = optax.apply_updates(state.params, scale_updates(updates, metrics["learning_rate"]))
+    return A2CState(params, opt_state, state.version + 1,
+                    clock.advance(state.progress, columns)), metrics
 
   greedy = lambda params, obs: jnp.argmax(net.apply(params, obs)[0], -1).astype(jnp.int32)
 
@@ -126,5 +139,4 @@ def make_a2c(cfg: A2CConfig, spec: EnvSpec, network: NetworkConfig, axis_name: s
 
   return Algorithm(
       name="a2c", init=init, make_policy=lambda actor_index: policy, update=update,
-      actor_params=lambda state: state.params, extras_spec={}, greedy_policy=greedy,
-      fixed_batch=cfg.anneal_lr)
+      actor_params=lambda state: state.params, extras_spec={}, greedy_policy=greedy)

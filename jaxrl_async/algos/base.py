@@ -94,13 +94,9 @@ class Algorithm(NamedTuple):
   # Passes each transition gets in one update (PPO's and APPO's epochs): the reuse ratio of
   # on-policy training.
   epochs_per_update: int = 1
-  # Its schedules count updates (an annealed learning rate or clip): a change of the batch (the
-  # rollouts per update) during a run would end them early or late, so --balance=auto holds it.
-  fixed_batch: bool = False
 
 
-def clipped_adam(learning_rate: float | optax.Schedule, max_grad_norm: float
-                 ) -> optax.GradientTransformation:
+def clipped_adam(learning_rate: float, max_grad_norm: float) -> optax.GradientTransformation:
   """Adam after global-norm clipping, run on one flat vector of every parameter.
 
   `optax.flatten` gives the same maths with one fused op per step instead of several per

@@ -37,6 +37,13 @@ from jaxrl_async.algos.losses import (
   normalized_advantages,
   sample_categorical,
 )
+from jaxrl_async.algos.schedule import (
+  EnvStepClock,
+  Progress,
+  learning_rate,
+  progress_init,
+  scale_updates,
+)
 from jaxrl_async.config import NetworkConfig
 from jaxrl_async.config.checks import check_discrete_actions
 from jaxrl_async.envs import EnvSpec
@@ -50,6 +57,7 @@ class ImpalaState:
   opt_state: Any
   key: PRNGKey
   version: Array  # learner updates applied so far
+  progress: Progress  # env steps learned from, which the learning rate's schedule counts
 
 
 def vtrace_returns(values: Array, r_t: Array, terminated_t: Array, truncated_t: Array,
@@ -127,46 +135,55 @@ def impala_loss(net: ActorCritic, cfg: ImpalaConfig, axis_name: str):
 
 
 def make_impala(cfg: ImpalaConfig, spec: EnvSpec, network: NetworkConfig, axis_name: str,
-                num_updates: int, lag: LagWeighting = UNWEIGHTED) -> Algorithm:
+                num_updates: int, columns_per_update: int,
+                lag: LagWeighting = UNWEIGHTED) -> Algorithm:
   """IMPALA (APPO with `cfg.clip_eps` > 0) for discrete actions.
 
   Args:
     cfg: its settings. spec: the env's. network: the actor-critic's torso.
-    axis_name: the learner axis `update` runs under. num_updates: the updates the learning
-      rate anneals over (`cfg.anneal_lr`). lag: how rollouts are weighted by their lag.
+    axis_name: the learner axis `update` runs under. num_updates, columns_per_update: the
+      updates the run makes and the env columns each takes at the configured rollouts per update
+      (one process's); the learning rate anneals (`cfg.anneal_lr`) over the env steps they hold
+      (schedule.py). lag: how rollouts are weighted by their lag.
   """
   check_discrete_actions("impala", spec)
   net = ActorCritic(network, spec.num_actions, discrete=True)
   grad_steps = cfg.num_epochs * cfg.num_minibatches
-  lr = (optax.linear_schedule(cfg.learning_rate, 0.0, max(num_updates * grad_steps, 1))
-        if cfg.anneal_lr else cfg.learning_rate)
-  optimizer = clipped_adam(lr, cfg.max_grad_norm)
+  clock = EnvStepClock(grad_steps, columns_per_update, axis_name)
+  lr = learning_rate(cfg.learning_rate, cfg.anneal_lr, num_updates * grad_steps)
+  optimizer = clipped_adam(1.0, cfg.max_grad_norm)  # the rate multiplies after (scale_updates)
   loss_fn = impala_loss(net, cfg, axis_name)
 
   def init(key: PRNGKey) -> ImpalaState:
     key, init_key = jax.random.split(key)
     dummy = jnp.zeros((1,) + spec.obs_shape, spec.obs_dtype)
     params = net.init(init_key, dummy)
-    return ImpalaState(params, optimizer.init(params), key, jnp.zeros((), jnp.int32))
-
-  def sgd_step(carry, batch: Rollout):
-    params, opt_state = carry
-    grads, metrics = jax.grad(lambda p: loss_fn(p, batch), has_aux=True)(params)
-    grads, metrics = psum_flat((grads, metrics), axis_name)
-    metrics["grad_norm"] = optax.tree.norm(grads)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), metrics
+    return ImpalaState(params, optimizer.init(params), key, jnp.zeros((), jnp.int32),
+                       progress_init())
 
   def update(state: ImpalaState, batch: Rollout) -> tuple[ImpalaState, Metrics]:
     batch = lag.apply(batch, state.version)
     key, epoch_key = jax.random.split(state.key)
-    carry = (state.params, state.opt_state)
+    columns = batch.rewards.shape[1]
+
+    def sgd_step(carry, minibatch: Rollout):
+      params, opt_state, step = carry
+      grads, metrics = jax.grad(lambda p: loss_fn(p, minibatch), has_aux=True)(params)
+      grads, metrics = psum_flat((grads, metrics), axis_name)
+      metrics["grad_norm"] = optax.tree.norm(grads)
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      metrics["learning_rate"] = lr(clock.count_at(state.progress, step, columns))
+      params = optax.apply_updates(params, scale_updates(updates, metrics["learning_rate"]))
+      return (params, opt_state, step + 1), metrics
+
+    carry = (state.params, state.opt_state, jnp.zeros((), jnp.int32))
     if grad_steps == 1:  # one pass over the whole batch: nothing to shuffle
-      (params, opt_state), metrics = sgd_step(carry, batch)
+      (params, opt_state, _), metrics = sgd_step(carry, batch)
     else:  # minibatches of whole env columns keep each trajectory intact for V-trace
-      (params, opt_state), metrics = shuffled_epochs(
+      (params, opt_state, _), metrics = shuffled_epochs(
           epoch_key, batch, cfg.num_epochs, cfg.num_minibatches, sgd_step, carry, axis=1)
-    return ImpalaState(params, opt_state, key, state.version + 1), metrics
+    return ImpalaState(params, opt_state, key, state.version + 1,
+                       clock.advance(state.progress, columns)), metrics
 
   greedy = lambda params, obs: jnp.argmax(net.apply(params, obs)[0], -1).astype(jnp.int32)
   policy = lambda params, obs, key: sample_categorical(net.apply(params, obs)[0], key)
@@ -174,5 +191,4 @@ def make_impala(cfg: ImpalaConfig, spec: EnvSpec, network: NetworkConfig, axis_n
       name="impala", init=init, make_policy=lambda actor_index: policy, update=update,
       actor_params=lambda state: state.params,
       extras_spec={"logp": ((), np.dtype(np.float32))}, grad_steps_per_update=grad_steps,
-      greedy_policy=greedy, epochs_per_update=cfg.num_epochs,
-      fixed_batch=cfg.anneal_lr)
+      greedy_policy=greedy, epochs_per_update=cfg.num_epochs)

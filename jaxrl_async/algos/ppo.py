@@ -55,6 +55,13 @@ from jaxrl_async.algos.losses import (
   sample_categorical,
 )
 from jaxrl_async.algos.ppo_config import PPOConfig
+from jaxrl_async.algos.schedule import (
+  EnvStepClock,
+  Progress,
+  learning_rate,
+  progress_init,
+  scale_updates,
+)
 from jaxrl_async.config import NetworkConfig
 from jaxrl_async.envs import EnvSpec
 from jaxrl_async.networks import ActorCritic
@@ -79,6 +86,7 @@ class PPOState:
   key: PRNGKey
   version: Array  # learner updates applied so far
   obs_norm: ObsNorm | None  # None unless normalize_obs
+  progress: Progress  # env steps learned from, which the schedules count (schedule.py)
 
 
 def obs_norm_init(obs_shape: tuple[int, ...]) -> ObsNorm:
@@ -216,20 +224,23 @@ def make_policy_fn(net: ActorCritic, spec: EnvSpec):
 
 
 def make_ppo(cfg: PPOConfig, spec: EnvSpec, network: NetworkConfig, axis_name: str,
-             num_updates: int, lag: LagWeighting = UNWEIGHTED) -> Algorithm:
+             num_updates: int, columns_per_update: int,
+             lag: LagWeighting = UNWEIGHTED) -> Algorithm:
   """PPO for discrete or continuous actions.
 
   Args:
     cfg: its settings. spec: the env's. network: the actor-critic's torso.
-    axis_name: the learner axis `update` runs under. num_updates: the updates the run makes;
-      the learning rate (`cfg.anneal_lr`) and the clip (`cfg.anneal_clip`) anneal over them.
-    lag: how rollouts are weighted by their lag.
+    axis_name: the learner axis `update` runs under. num_updates, columns_per_update: the
+      updates the run makes and the env columns each takes at the configured rollouts per update
+      (one process's); the learning rate (`cfg.anneal_lr`) and the clip (`cfg.anneal_clip`)
+      anneal over the env steps they hold (schedule.py). lag: how rollouts are weighted by
+      their lag.
   """
   net = ActorCritic(network, spec.num_actions, discrete=spec.discrete)
   grad_steps = cfg.num_epochs * cfg.num_minibatches
-  lr = (optax.linear_schedule(cfg.learning_rate, 0.0, max(num_updates * grad_steps, 1))
-        if cfg.anneal_lr else cfg.learning_rate)
-  optimizer = clipped_adam(lr, cfg.max_grad_norm)
+  clock = EnvStepClock(grad_steps, columns_per_update, axis_name)
+  lr = learning_rate(cfg.learning_rate, cfg.anneal_lr, num_updates * grad_steps)
+  optimizer = clipped_adam(1.0, cfg.max_grad_norm)  # the rate multiplies after (scale_updates)
   unroll = unroll_loops(network.network, jax.default_backend())
   loss_fn = functools.partial(
       ppo_loss, net, axis_name=axis_name, discrete=spec.discrete, clip_value=cfg.clip_value,
@@ -240,7 +251,8 @@ def make_ppo(cfg: PPOConfig, spec: EnvSpec, network: NetworkConfig, axis_name: s
     key, init_key = jax.random.split(key)
     params = net.init(init_key, jnp.zeros((1,) + spec.obs_shape, spec.obs_dtype))
     obs_norm = obs_norm_init(spec.obs_shape) if cfg.normalize_obs else None
-    return PPOState(params, optimizer.init(params), key, jnp.zeros((), jnp.int32), obs_norm)
+    return PPOState(params, optimizer.init(params), key, jnp.zeros((), jnp.int32), obs_norm,
+                    progress_init())
 
   def update(state: PPOState, batch: Rollout) -> tuple[PPOState, Metrics]:
     batch = lag.apply(batch, state.version)
@@ -249,30 +261,35 @@ def make_ppo(cfg: PPOConfig, spec: EnvSpec, network: NetworkConfig, axis_name: s
     adv = gae_advantages(values, batch.rewards * cfg.reward_scale, batch.terminated,
                          batch.truncated, cfg.discount, cfg.gae_lambda)
     data = transitions(batch, values, adv, spec.discrete)
-    frac = 1.0 - state.version.astype(jnp.float32) / num_updates
+    frac = 1.0 - clock.updates(state.progress).astype(jnp.float32) / num_updates
     clip_eps = cfg.clip_eps * jnp.maximum(frac, 0.0) if cfg.anneal_clip else cfg.clip_eps
     # NOTE: a zero clip (the end of an annealed run) would freeze the policy; keep it positive.
     clip_eps = jnp.maximum(clip_eps, 1e-3)
 
+    columns = batch.rewards.shape[1]
+
     def sgd_step(carry, minibatch: PPOBatch):
-      params, opt_state = carry
+      params, opt_state, step = carry
       grads, metrics = jax.grad(
           lambda p: loss_fn(p, state.obs_norm, minibatch, clip_eps=clip_eps),
           has_aux=True)(params)
       grads, metrics = psum_flat((grads, metrics), axis_name)
       metrics["grad_norm"] = optax.global_norm(grads)
       updates, opt_state = optimizer.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates), opt_state), metrics
+      metrics["learning_rate"] = lr(clock.count_at(state.progress, step, columns))
+      params = optax.apply_updates(params, scale_updates(updates, metrics["learning_rate"]))
+      return (params, opt_state, step + 1), metrics
 
     key, epoch_key = jax.random.split(state.key)
-    (params, opt_state), metrics = shuffled_epochs(
+    (params, opt_state, _), metrics = shuffled_epochs(
         epoch_key, data, cfg.num_epochs, cfg.num_minibatches, sgd_step,
-        (state.params, state.opt_state), unroll=unroll)
+        (state.params, state.opt_state, jnp.zeros((), jnp.int32)), unroll=unroll)
     obs_norm = state.obs_norm
     if obs_norm is not None:
       obs_norm = obs_norm_update(obs_norm, batch.obs[:-1], axis_name)
     metrics["clip_eps"] = clip_eps
-    return PPOState(params, opt_state, key, state.version + 1, obs_norm), metrics
+    return PPOState(params, opt_state, key, state.version + 1, obs_norm,
+                    clock.advance(state.progress, columns)), metrics
 
   extras_spec = {"logp": ((), np.dtype(np.float32))}
   if not spec.discrete:
@@ -282,4 +299,4 @@ def make_ppo(cfg: PPOConfig, spec: EnvSpec, network: NetworkConfig, axis_name: s
       name="ppo", init=init, make_policy=lambda actor_index: policy, update=update,
       actor_params=lambda state: {"params": state.params, "obs_norm": state.obs_norm},
       extras_spec=extras_spec, grad_steps_per_update=grad_steps,
-      epochs_per_update=cfg.num_epochs, fixed_batch=cfg.anneal_lr or cfg.anneal_clip)
+      epochs_per_update=cfg.num_epochs)

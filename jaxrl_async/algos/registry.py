@@ -30,11 +30,13 @@ if TYPE_CHECKING:
 
 def on_policy_args(config: TrainConfig) -> dict[str, Any]:
   """A learner-on-rollouts factory's arguments: its settings, the network, the updates the run
-  makes (its schedules anneal over them) and the lag weighting."""
+  makes and the env columns each takes at the configured U (its schedules anneal over the env
+  steps they hold) and the lag weighting."""
   from jaxrl_async.algos.base import LagWeighting  # JAX: only when an algorithm is built
 
   return dict(cfg=config.algo, network=config.network,
               num_updates=-(-config.run.total_env_steps // config.env_steps_per_update),
+              columns_per_update=config.env.num_envs * config.rate.rollouts_per_update,
               lag=LagWeighting(config.rate.lag_weighting, config.rate.lag_weighting_tau))
 
 
@@ -54,22 +56,31 @@ class Entry:
   check: Callable[[TrainConfig, EnvSpec], None] | None = None  # against the rest of the run
   discrete_only: bool = False
   off_policy: bool = False  # learns from a replay (the runtime's replay learner)
+  # Its train state's layout, which checkpoints record: a resume refuses another one, since it
+  # would not restore (2: `progress`, the env steps its schedules count, algos/schedule.py).
+  state_layout: int = 1
 
 
 ALGORITHMS: dict[str, Entry] = {
     "impala": Entry(ImpalaConfig, "jaxrl_async.algos.impala:make_impala", impala_args,
-                    discrete_only=True),
+                    discrete_only=True, state_layout=2),
     "ppo": Entry(PPOConfig, "jaxrl_async.algos.ppo:make_ppo", on_policy_args,
-                 check=ppo_config.check_run),
+                 check=ppo_config.check_run, state_layout=2),
     "dqn": Entry(DQNConfig, "jaxrl_async.algos.dqn:make_dqn", dqn_config.factory_args,
                  check=dqn_config.check_run, discrete_only=True, off_policy=True),
-    "a2c": Entry(A2CConfig, "jaxrl_async.algos.a2c:make_a2c", on_policy_args, discrete_only=True),
+    "a2c": Entry(A2CConfig, "jaxrl_async.algos.a2c:make_a2c", on_policy_args, discrete_only=True,
+                 state_layout=2),
 }
 
 
 def is_off_policy(name: str) -> bool:
   """Whether `--algo=name` learns from a replay (which --checkpoint_replay saves)."""
   return ALGORITHMS[name].off_policy
+
+
+def state_layout(name: str) -> int:
+  """The layout of `--algo=name`'s train state, which its checkpoints record."""
+  return ALGORITHMS[name].state_layout
 
 
 def check(config: TrainConfig, spec: EnvSpec) -> None:

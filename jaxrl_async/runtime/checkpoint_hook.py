@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 
+from jaxrl_async.algos import state_layout
 from jaxrl_async.checkpoint import Checkpointer
 from jaxrl_async.metrics import EpisodeStats, wall_s
 
@@ -36,9 +37,11 @@ class CheckpointHook:
         "version": version,
         "counters": {"env_steps": self.env_steps(),
                      "episodes": self.start().episodes + self.stats.episodes,
-                     "wall_s_total": self.start().wall_s_total + wall_s()},
+                     "wall_s_total": self.start().wall_s_total + wall_s(),
+                     **self.step.counters()},
         "controller": self.controller.state_dict(),
         "config": self.config.to_flat(),
+        "state_layout": state_layout(self.config.learner.algo),
         "saved_at": time.time(),
     }
 

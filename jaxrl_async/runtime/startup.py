@@ -39,6 +39,7 @@ class Start:
   episodes: int = 0
   wall_s_total: float = 0.0
   resumed_from: int | None = None
+  rollouts_learned: int | None = None  # on-policy, restored (OnPolicyStep's budget)
 
 
 @dataclasses.dataclass
@@ -86,6 +87,7 @@ class Programs:
     s.version, s.resumed_from = int(meta["version"]), int(meta["version"])
     s.env_steps, s.episodes = int(c["env_steps"]), int(c["episodes"])
     s.wall_s_total = float(c["wall_s_total"])
+    s.rollouts_learned = c.get("rollouts_learned")
     self.timings["restore_s"] = time.perf_counter() - t0
     return state
 
@@ -161,7 +163,8 @@ class Programs:
     if p.cluster is None:
       compile_fn = functools.partial(compile_update, cfg, p.spec, p.algo, p.mesh,
                                      executables=p.executables)
-      return OnPolicyStep(compile_fn, cfg.rate.rollouts_per_update, target, consumed, current_u)
+      return OnPolicyStep(compile_fn, cfg.rate.rollouts_per_update, target, consumed, current_u,
+                          learned_before=lambda: self.start.rollouts_learned)
     # This host's counts this session (stats count this session's episodes only).
     counts = lambda: {"env_steps": session_steps(), "episodes": stats.episodes}
     compile_fn = functools.partial(compile_global_update, cfg, p.spec, p.algo, p.mesh,

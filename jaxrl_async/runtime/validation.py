@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 
 from jaxrl_async import algos, envs
-from jaxrl_async.checkpoint import Checkpointer, check_compatible
+from jaxrl_async.checkpoint import Checkpointer, check_compatible, check_layout
 from jaxrl_async.config import ConfigError, TrainConfig
 
 
@@ -45,6 +45,7 @@ def validate(config: TrainConfig, run_dir: Path | None = None) -> envs.EnvSpec:
     if meta is not None:
       check_compatible(meta["config"], config.to_flat(),
                        with_replay=config.checkpoint.checkpoint_replay and "replay" in meta)
+      check_layout(meta, algos.state_layout(config.learner.algo))
   return spec
 
 

@@ -48,9 +48,9 @@ REGIMES: dict[str, tuple[str, str, dict[str, Any]]] = {
              {"hidden_sizes": "16,16", "num_epochs": 1, "num_minibatches": 1}),
     "learner_bound": ("cartpole_impala", "CartPole-v1, hidden 512,512",
                       {"hidden_sizes": "512,512"}),
-    # The preset anneals its learning rate over a count of updates, so --balance=auto may not
-    # move U there (algos/base.py, fixed_batch); throughput does not depend on the schedule.
-    "breakout": ("breakout_impala", "Breakout-v5 (GPU host)", {"anneal_lr": False}),
+    # The preset as a user runs it: its annealed learning rate counts env steps, so auto may
+    # move U there too (algos/schedule.py).
+    "breakout": ("breakout_impala", "Breakout-v5 (GPU host)", {}),
 }
 GRID_U = (1, 3, 6)
 GRID_ACTORS = (2, 4, 6)

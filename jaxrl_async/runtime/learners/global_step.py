@@ -115,6 +115,9 @@ class GlobalStep:
   def snapshot(self) -> None:
     return None
 
+  def counters(self) -> dict[str, Any]:
+    return {}  # U never moves over several processes: the version counts the budget
+
   def close(self, controller: RateController) -> None:
     self.batcher.close(controller)
 

@@ -126,6 +126,10 @@ class LearnerStep(Protocol):
     """(arrays, host counters) a checkpoint saves beside the state, or None. Called in the
     learner thread (the checkpoint hook) or after it ended, so the two agree."""
 
+  def counters(self) -> dict[str, Any]:
+    """Host counters a checkpoint's meta records with the run's (a resume hands them back
+    through the step's constructor), called where `snapshot` is."""
+
   def save_agreed(self, version: int) -> bool:
     """Whether every process agreed to checkpoint at `version` (several processes; one
     process's own timer and update count decide alone, so there it is always False)."""

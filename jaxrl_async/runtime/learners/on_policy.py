@@ -8,6 +8,7 @@ actors' first rollouts.
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -93,16 +94,21 @@ class OnPolicyStep:
   with `current_u` (the rate controller's, which --balance=auto moves), whatever that says when
   a batch is filled; `compile_for(u)` compiles another U in the background, and the balancer
   moves U there only once it is compiled. The budget is counted in rollouts: `target_version`
-  updates of the configured U from the version the run starts at (so a run's length does not
-  depend on thread timing); each rollout learned consumes `consumed_per_rollout` env steps
-  (with reuse).
+  updates of the configured U, less the rollouts learned before this session (so a run's length
+  does not depend on thread timing, nor on the U's it used): `learned_before()` gives those of a
+  resumed run (its checkpoint's `rollouts_learned`), None (or no callable) counting the version
+  it starts at as updates of the configured U. Each rollout learned consumes
+  `consumed_per_rollout` env steps (with reuse).
   """
 
   def __init__(self, compile_fn: Any, rollouts_per_update: int, target_version: int,
-               consumed_per_rollout: int, current_u: Any = None):
+               consumed_per_rollout: int, current_u: Any = None,
+               learned_before: Callable[[], int | None] | None = None):
     self.compile_fn, self.rollouts_per_update = compile_fn, rollouts_per_update
     self.target_version, self.consumed_per_rollout = target_version, consumed_per_rollout
     self.current_u = current_u or (lambda: rollouts_per_update)
+    self.learned_before = learned_before or (lambda: None)
+    self._before = 0  # rollouts learned before this session (`prepare`)
     self.fns: dict[int, Any] = {}
     self._abstract: Any = None
     self._compiling: dict[int, concurrent.futures.Future] = {}
@@ -140,7 +146,9 @@ class OnPolicyStep:
     self.fns[u] = self.compile_fn(self._abstract, rollouts_per_update=u)
 
   def prepare(self, state: Any, version: int, stop: Any) -> bool:
-    self._budget = max(self.target_version - version, 0) * self.rollouts_per_update
+    before = self.learned_before()
+    self._before = version * self.rollouts_per_update if before is None else before
+    self._budget = max(self.target_version * self.rollouts_per_update - self._before, 0)
     return True
 
   def wants(self) -> bool:
@@ -178,6 +186,9 @@ class OnPolicyStep:
 
   def snapshot(self) -> None:
     return None
+
+  def counters(self) -> dict[str, Any]:
+    return {"rollouts_learned": self._before + self.learned}
 
   def close(self, controller: RateController) -> None:
     for ticket in self._tickets:

@@ -147,6 +147,9 @@ class ReplayStep:
     self.env_steps_inserted = int(jax.device_get(state.env_steps))
     return True
 
+  def counters(self) -> dict[str, Any]:
+    return {}  # the replay's go with it (`snapshot`)
+
   def snapshot(self) -> tuple[replay_lib.Replay, dict[str, Any]] | None:
     """(replay, its host counters) for a checkpoint, or None before the replay exists."""
     if self.replay is None:

@@ -48,10 +48,10 @@ class ActorGate:
 def u_choices(config: Any, algo: Any, multi_process: bool) -> tuple[int, ...]:
   """The U values --balance=auto may use: every U up to the actors' slots (N, or 2N with async
   EnvPool) that divides into the minibatches, or only the configured U where U must not move:
-  replay (no U), several processes (they would have to agree), and schedules that count updates
-  (an annealed learning rate would end early or late)."""
+  replay (no U) and several processes (they would have to agree). Annealed schedules count env
+  steps, not updates (algos/schedule.py), so they end with the run whatever U does."""
   u0 = config.rate.rollouts_per_update
-  if algo.off_policy or multi_process or algo.fixed_batch or not config.rate.capped:
+  if algo.off_policy or multi_process or not config.rate.capped:
     return (u0,)
   slots = config.actor.num_actors * (2 if config.env.is_async else 1)
   per_device = config.env.num_envs // config.learner.learner_devices
