@@ -58,6 +58,7 @@ def reference(out_dir):
   state = replicate(jax.jit(algo.init)(jax.random.key(0)), mesh)
   step = compile_update(config, spec, algo, mesh, state)
   state, _ = step(state, (put_batch(fixed_batch(), mesh),))
+  assert int(state.progress.count) == 1  # one update of the configured batch (schedule.py)
   save_params(state.params, os.path.join(out_dir, "reference.npz"))
   print("REFERENCE_OK")
 
@@ -102,6 +103,9 @@ def global_step(config, layout, out_dir):
   state, (metrics, agreed) = step(state, batch)
   assert list(np.asarray(agreed)) == [2, 0, 30, 0], np.asarray(agreed)
   assert not bool(metrics["nonfinite"])
+  # Each process's --num_envs is half the batch: the schedules count it as two configured
+  # updates, so they end with the run, whose budget counts every host's env steps.
+  assert int(state.progress.count) == layout.num_processes, int(state.progress.count)
   save_params(state.params, os.path.join(out_dir, f"global_step_{p}.npz"))
   return fingerprint(state.params)
 
