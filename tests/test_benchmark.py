@@ -415,6 +415,17 @@ def test_run_summary_counts_what_was_lost_and_who_waited(tmp_path):
   assert r["sps"] == pytest.approx(100.0)
   assert r["actor_blocked"] == pytest.approx(0.3) and r["learner_idle"] == pytest.approx(0.6)
   assert r["rollouts_per_update"] == 2
+  assert run_summary.decisions(run) == []
+  summary = json.loads((run / "summary.json").read_text())
+  summary["balance_decisions"] = [{
+      "wall_s": 4.15, "lever": "rollouts_per_update+", "reason": "learner idle 71% > 20%",
+      "rollouts_per_update": 2, "in_flight": 4, "active_actors": 2,
+      "window": {"learner_idle": 0.708, "actors_blocked": 0.146, "lag_mean": 0.5}}]
+  (run / "summary.json").write_text(json.dumps(summary))
+  [line] = run_summary.decisions(run)
+  assert line.split()[:5] == ["run", "4.15s", "rollouts_per_update+", "U2", "F4"]
+  assert "N2" in line and "idle 0.71 blocked 0.15 lag 0.50" in line
+  assert line.endswith("learner idle 71% > 20%")
 
 
 def test_balance_grid_judges_auto_against_the_best_and_median_fixed_setting():

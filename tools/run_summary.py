@@ -8,6 +8,11 @@ fractions over the metrics records (the first, which holds the compile, and the 
 are left out when there are more than two).
 
   python -m tools.run_summary RUN_DIR [RUN_DIR ...]
+  python -m tools.run_summary --decisions RUN_DIR [RUN_DIR ...]
+
+`--decisions` lists instead each run's `--balance=auto` decisions, one line apiece: when, the
+lever, the setting it leads to (U, F, active actors), the window it read (learner idle, actors
+blocked, mean lag) and its reason.
 """
 
 from __future__ import annotations
@@ -37,10 +42,29 @@ def summarize(run_dir: Path) -> dict[str, Any]:
           "actor_blocked": mean("actor_blocked_frac"), "learner_idle": mean("learner_idle_frac")}
 
 
+def decisions(run_dir: Path) -> list[str]:
+  """The run's balance decisions, one line apiece (`--decisions`)."""
+  s = json.loads((run_dir / "summary.json").read_text())
+  lines = []
+  for d in s.get("balance_decisions") or []:
+    w = d.get("window") or {}
+    lines.append(f"{run_dir.name} {d['wall_s']:7.2f}s {d['lever']:<22} U{d['rollouts_per_update']} "
+                 f"F{d['in_flight']} N{d['active_actors']}  idle {w.get('learner_idle', 0):.2f} "
+                 f"blocked {w.get('actors_blocked', 0):.2f} lag {w.get('lag_mean', 0):.2f}  "
+                 f"{d['reason']}")
+  return lines
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("run_dirs", nargs="+", type=Path)
+  parser.add_argument("--decisions", action="store_true",
+                      help="list each run's --balance=auto decisions instead")
   args = parser.parse_args()
+  if args.decisions:
+    for run_dir in args.run_dirs:
+      print("\n".join(decisions(run_dir)) or f"{run_dir.name}: no balance decisions")
+    return
   print("| run | env steps | updates | U | dropped | idle steps | lost | max lag | lag hist | SPS "
         "| actors blocked | learner idle |")
   print("|---|---|---|---|---|---|---|---|---|---|---|---|")
