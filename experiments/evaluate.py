@@ -76,8 +76,8 @@ def evaluate(run_dir: Path, episodes: int, greedy: bool, version: int | None, se
   import jax
   import numpy as np
 
-  from jaxrl_async import envs
-  from jaxrl_async.checkpoint import Checkpointer
+  from jaxrl_async import algos, envs
+  from jaxrl_async.checkpoint import Checkpointer, check_layout
   from jaxrl_async.runtime.build import abstract_state, build
   from jaxrl_async.runtime.validation import validate
 
@@ -85,6 +85,8 @@ def evaluate(run_dir: Path, episodes: int, greedy: bool, version: int | None, se
   meta = ck.read_meta(version)
   if meta is None:
     raise ConfigError("run_dir", str(run_dir), "holds no complete checkpoint")
+  check_layout(meta, algos.state_layout(meta["config"]["algo"]), "run_dir", str(run_dir),
+               "evaluate it with the version that wrote it")
   flat = dict(meta["config"], num_actors=1, learner_devices=1, resume=False,
               checkpoint_at_end=False, checkpoint_replay=False)
   config = TrainConfig.from_flat(flat)

@@ -326,17 +326,18 @@ class Checkpointer:
       self._manager.close()
 
 
-def check_layout(meta: dict[str, Any], layout: int) -> None:
-  """Refuses to resume a checkpoint whose train state has another layout than `layout` (the
-  algorithm's now, algos/registry.py): it would not restore. Checkpoints from before the field
-  existed are layout 1."""
+def check_layout(meta: dict[str, Any], layout: int, flag: str = "resume", value: Any = True,
+                 instead: str = "resume it with the version that wrote it, or start a new "
+                 "--run_dir") -> None:
+  """Refuses a checkpoint whose train state has another layout than `layout` (the algorithm's
+  now, algos/registry.py): it would not restore. Checkpoints from before the field existed are
+  layout 1. The ConfigError names `flag` (with `value`) and says what to do `instead`."""
   saved = meta.get("state_layout", 1)
   if saved != layout:
-    raise ConfigError("resume", True,
+    raise ConfigError(flag, value,
                       f"checkpoint {meta.get('version')} holds a train state of layout {saved}, "
                       f"this version's --algo={meta['config'].get('algo')} has layout {layout} "
-                      "(algos/registry.py): resume it with the version that wrote it, or start "
-                      "a new --run_dir")
+                      f"(algos/registry.py): {instead}")
 
 
 def check_compatible(saved: dict[str, Any], current: dict[str, Any],

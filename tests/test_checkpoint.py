@@ -106,6 +106,10 @@ def test_resume_with_another_network_or_an_older_state_layout_is_refused(tmp_pat
   r = resume("--hidden_sizes=16,16")
   assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
   assert "--resume" in r.stderr and "layout 1" in r.stderr and "layout 2" in r.stderr
+  r = subprocess.run([sys.executable, "-m", "experiments.evaluate", f"--run_dir={tmp_path}"],
+                     cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+  assert "--run_dir" in r.stderr and "layout 1" in r.stderr
 
 
 def test_interrupted_save_never_hides_the_previous_checkpoint(tmp_path):
