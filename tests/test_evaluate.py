@@ -10,6 +10,7 @@ import jax
 from PIL import Image
 
 from experiments.presets import preset
+from jaxrl_async.algos import state_layout
 from jaxrl_async.checkpoint import Checkpointer
 from jaxrl_async.config import TrainConfig
 from jaxrl_async.runtime.trainer import Trainer, validate
@@ -25,7 +26,8 @@ def initial_checkpoint(run_dir: Path, **flat) -> TrainConfig:
   config = TrainConfig.from_flat(flat | {"prng_impl": jax.config.jax_default_prng_impl})
   trainer = Trainer.from_config(config, validate(config, run_dir), run_dir=run_dir, quiet=True)
   ck = Checkpointer(run_dir, use_async=False)
-  ck.save(0, trainer.programs.init_state(), {"version": 0, "config": config.to_flat()})
+  ck.save(0, trainer.programs.init_state(), {"version": 0, "config": config.to_flat(),
+                                             "state_layout": state_layout(config.learner.algo)})
   ck.close()
   return config
 
