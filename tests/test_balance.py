@@ -188,12 +188,16 @@ def test_an_f_lowered_for_lag_and_kept_is_not_raised_by_the_idle_rule():
   idle rule (idle just over its target) must not take F back up (no oscillation)."""
   c = controller(u=3, f=6, active=3, u_choices=(3,))
   assert c.step(window(idle=0.17, lag=0.53)).lever == "in_flight-" and c.setting.in_flight == 5
-  d = c.step(window(idle=0.21, blocked=0.25, lag=0.34, consumed=21))  # kept: production-bound
-  assert d.lever == "hold" and c.setting.in_flight == 5
-  for _ in range(5):
+  # Kept. The actors wait a little (25%): short of a pause, so half of them are probed, F stays.
+  d = c.step(window(idle=0.21, blocked=0.25, lag=0.34, consumed=21))
+  assert d.lever == "active_actors-" and "probing 2 actors" in d.reason
+  assert c.setting.in_flight == 5
+  levers = []
+  for _ in range(8):  # the probe gains nothing: undone, then production-bound
     d = c.step(window(idle=0.22, blocked=0.25, lag=0.34))
-    assert d is None or d.lever == "hold"
+    levers += [d.lever] if d is not None else []
     assert c.setting.in_flight == 5
+  assert levers == ["undo", "hold"] and c.setting.active_actors == 3, levers
   c = controller(u=3, f=3, active=3, u_choices=(3,))  # no such bound: F rises to the cap
   d = c.step(window(idle=0.22, blocked=0.25, lag=0.0))
   assert d.lever == "in_flight+" and c.setting.in_flight == 6 and "(K + 1) U = 6" in d.reason
