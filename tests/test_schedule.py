@@ -12,8 +12,13 @@ import pytest
 
 from jaxrl_async import envs
 from jaxrl_async.algos import make_algorithm
-from jaxrl_async.algos.base import clipped_adam, concat_rollouts
-from jaxrl_async.algos.schedule import EnvStepClock, learning_rate, progress_init, scale_updates
+from jaxrl_async.algos.base import concat_rollouts
+from jaxrl_async.algos.schedule import (
+  EnvStepClock,
+  Progress,
+  make_scheduled_adam,
+  progress_init,
+)
 from jaxrl_async.runtime.learners.on_policy import skip_nonfinite
 from jaxrl_async.runtime.sharding import (
   LEARNER_AXIS,
@@ -68,17 +73,22 @@ def test_the_rate_applied_after_the_optimiser_is_bit_for_bit_optaxs_schedule():
   schedule = optax.linear_schedule(3e-3, 0.0, 20)
   theirs = optax.flatten(optax.chain(optax.clip_by_global_norm(0.5),
                                      optax.adam(schedule, eps=1e-5)))
-  ours = clipped_adam(1.0, 0.5)
-  lr = learning_rate(3e-3, True, 20)
+  # What the algorithms run: 20 updates of one gradient step, each of 4 env columns.
+  ours = make_scheduled_adam(3e-3, True, 0.5, num_updates=20, grad_steps=1,
+                             columns_per_update=4, axis_name="i")
+  step = on_devices(lambda g, o, p, progress: ours.step(g, o, p, progress, 0, 4), 1)
   rng = np.random.default_rng(0)
   params = {"w": jnp.asarray(rng.normal(size=(5, 3)), jnp.float32), "b": jnp.zeros(3)}
   a, b = (params, theirs.init(params)), (params, ours.init(params))
+  progress = progress_init()
   for count in range(25):  # past the end too, where the rate stays 0
     grads = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), x.dtype), params)
     updates, state = theirs.update(grads, a[1], a[0])
     a = (optax.apply_updates(a[0], updates), state)
-    updates, state = ours.update(grads, b[1], b[0])
-    b = (optax.apply_updates(b[0], scale_updates(updates, lr(count))), state)
+    new_params, state, lr = step(grads, b[1], b[0], progress)
+    b = (new_params, state)
+    assert float(lr) == float(schedule(count))
+    progress = Progress(progress.count + 1, progress.rem)
     for x, y in zip(jax.tree.leaves(a[0]), jax.tree.leaves(b[0]), strict=True):
       np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 

@@ -25,7 +25,6 @@ from jaxrl_async.algos.base import (
   Algorithm,
   LagWeighting,
   Rollout,
-  clipped_adam,
   loss_weights,
   psum_flat,
 )
@@ -36,13 +35,7 @@ from jaxrl_async.algos.losses import (
   normalized_advantages,
   sample_categorical,
 )
-from jaxrl_async.algos.schedule import (
-  EnvStepClock,
-  Progress,
-  learning_rate,
-  progress_init,
-  scale_updates,
-)
+from jaxrl_async.algos.schedule import Progress, make_scheduled_adam, progress_init
 from jaxrl_async.config import NetworkConfig
 from jaxrl_async.config.checks import check_discrete_actions
 from jaxrl_async.envs import EnvSpec
@@ -107,9 +100,8 @@ def make_a2c(cfg: A2CConfig, spec: EnvSpec, network: NetworkConfig, axis_name: s
   """
   check_discrete_actions("a2c", spec)
   net = ActorCritic(network, spec.num_actions, discrete=True)
-  clock = EnvStepClock(1, columns_per_update, axis_name)
-  lr = learning_rate(cfg.learning_rate, cfg.anneal_lr, num_updates)
-  optimizer = clipped_adam(1.0, cfg.max_grad_norm)  # the rate multiplies after (scale_updates)
+  optimizer = make_scheduled_adam(cfg.learning_rate, cfg.anneal_lr, cfg.max_grad_norm,
+                                  num_updates, 1, columns_per_update, axis_name)
   loss_fn = functools.partial(
       a2c_loss, net, axis_name=axis_name, discount=cfg.discount, gae_lambda=cfg.gae_lambda,
       value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef,
@@ -124,12 +116,11 @@ def make_a2c(cfg: A2CConfig, spec: EnvSpec, network: NetworkConfig, axis_name: s
     grads, metrics = jax.grad(lambda p: loss_fn(p, batch), has_aux=True)(state.params)
     grads, metrics = psum_flat((grads, metrics), axis_name)
     metrics["grad_norm"] = optax.global_norm(grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     columns = batch.rewards.shape[1]
-    metrics["learning_rate"] = lr(clock.count_at(state.progress, 0, columns))
-    params = optax.apply_updates(state.params, scale_updates(updates, metrics["learning_rate"]))
+    params, opt_state, metrics["learning_rate"] = optimizer.step(
+        grads, state.opt_state, state.params, state.progress, 0, columns)
     return A2CState(params, opt_state, state.version + 1,
-                    clock.advance(state.progress, columns)), metrics
+                    optimizer.clock.advance(state.progress, columns)), metrics
 
   greedy = lambda params, obs: jnp.argmax(net.apply(params, obs)[0], -1).astype(jnp.int32)
 

@@ -24,7 +24,6 @@ from jaxrl_async.algos.base import (
   Algorithm,
   LagWeighting,
   Rollout,
-  clipped_adam,
   loss_weights,
   psum_flat,
   shuffled_epochs,
@@ -37,13 +36,7 @@ from jaxrl_async.algos.losses import (
   normalized_advantages,
   sample_categorical,
 )
-from jaxrl_async.algos.schedule import (
-  EnvStepClock,
-  Progress,
-  learning_rate,
-  progress_init,
-  scale_updates,
-)
+from jaxrl_async.algos.schedule import Progress, make_scheduled_adam, progress_init
 from jaxrl_async.config import NetworkConfig
 from jaxrl_async.config.checks import check_discrete_actions
 from jaxrl_async.envs import EnvSpec
@@ -149,9 +142,8 @@ def make_impala(cfg: ImpalaConfig, spec: EnvSpec, network: NetworkConfig, axis_n
   check_discrete_actions("impala", spec)
   net = ActorCritic(network, spec.num_actions, discrete=True)
   grad_steps = cfg.num_epochs * cfg.num_minibatches
-  clock = EnvStepClock(grad_steps, columns_per_update, axis_name)
-  lr = learning_rate(cfg.learning_rate, cfg.anneal_lr, num_updates * grad_steps)
-  optimizer = clipped_adam(1.0, cfg.max_grad_norm)  # the rate multiplies after (scale_updates)
+  optimizer = make_scheduled_adam(cfg.learning_rate, cfg.anneal_lr, cfg.max_grad_norm,
+                                  num_updates, grad_steps, columns_per_update, axis_name)
   loss_fn = impala_loss(net, cfg, axis_name)
 
   def init(key: PRNGKey) -> ImpalaState:
@@ -171,9 +163,8 @@ def make_impala(cfg: ImpalaConfig, spec: EnvSpec, network: NetworkConfig, axis_n
       grads, metrics = jax.grad(lambda p: loss_fn(p, minibatch), has_aux=True)(params)
       grads, metrics = psum_flat((grads, metrics), axis_name)
       metrics["grad_norm"] = optax.tree.norm(grads)
-      updates, opt_state = optimizer.update(grads, opt_state, params)
-      metrics["learning_rate"] = lr(clock.count_at(state.progress, step, columns))
-      params = optax.apply_updates(params, scale_updates(updates, metrics["learning_rate"]))
+      params, opt_state, metrics["learning_rate"] = optimizer.step(
+          grads, opt_state, params, state.progress, step, columns)
       return (params, opt_state, step + 1), metrics
 
     carry = (state.params, state.opt_state, jnp.zeros((), jnp.int32))
@@ -183,7 +174,7 @@ def make_impala(cfg: ImpalaConfig, spec: EnvSpec, network: NetworkConfig, axis_n
       (params, opt_state, _), metrics = shuffled_epochs(
           epoch_key, batch, cfg.num_epochs, cfg.num_minibatches, sgd_step, carry, axis=1)
     return ImpalaState(params, opt_state, key, state.version + 1,
-                       clock.advance(state.progress, columns)), metrics
+                       optimizer.clock.advance(state.progress, columns)), metrics
 
   greedy = lambda params, obs: jnp.argmax(net.apply(params, obs)[0], -1).astype(jnp.int32)
   policy = lambda params, obs, key: sample_categorical(net.apply(params, obs)[0], key)

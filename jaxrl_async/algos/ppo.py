@@ -40,7 +40,6 @@ from jaxrl_async.algos.base import (
   Algorithm,
   LagWeighting,
   Rollout,
-  clipped_adam,
   loss_weights,
   psum_flat,
   shuffled_epochs,
@@ -55,13 +54,7 @@ from jaxrl_async.algos.losses import (
   sample_categorical,
 )
 from jaxrl_async.algos.ppo_config import PPOConfig
-from jaxrl_async.algos.schedule import (
-  EnvStepClock,
-  Progress,
-  learning_rate,
-  progress_init,
-  scale_updates,
-)
+from jaxrl_async.algos.schedule import Progress, make_scheduled_adam, progress_init
 from jaxrl_async.config import NetworkConfig
 from jaxrl_async.envs import EnvSpec
 from jaxrl_async.networks import ActorCritic
@@ -238,9 +231,8 @@ def make_ppo(cfg: PPOConfig, spec: EnvSpec, network: NetworkConfig, axis_name: s
   """
   net = ActorCritic(network, spec.num_actions, discrete=spec.discrete)
   grad_steps = cfg.num_epochs * cfg.num_minibatches
-  clock = EnvStepClock(grad_steps, columns_per_update, axis_name)
-  lr = learning_rate(cfg.learning_rate, cfg.anneal_lr, num_updates * grad_steps)
-  optimizer = clipped_adam(1.0, cfg.max_grad_norm)  # the rate multiplies after (scale_updates)
+  optimizer = make_scheduled_adam(cfg.learning_rate, cfg.anneal_lr, cfg.max_grad_norm,
+                                  num_updates, grad_steps, columns_per_update, axis_name)
   unroll = unroll_loops(network.network, jax.default_backend())
   loss_fn = functools.partial(
       ppo_loss, net, axis_name=axis_name, discrete=spec.discrete, clip_value=cfg.clip_value,
@@ -261,7 +253,7 @@ def make_ppo(cfg: PPOConfig, spec: EnvSpec, network: NetworkConfig, axis_name: s
     adv = gae_advantages(values, batch.rewards * cfg.reward_scale, batch.terminated,
                          batch.truncated, cfg.discount, cfg.gae_lambda)
     data = transitions(batch, values, adv, spec.discrete)
-    frac = 1.0 - clock.updates(state.progress).astype(jnp.float32) / num_updates
+    frac = 1.0 - optimizer.clock.updates(state.progress).astype(jnp.float32) / num_updates
     clip_eps = cfg.clip_eps * jnp.maximum(frac, 0.0) if cfg.anneal_clip else cfg.clip_eps
     # NOTE: a zero clip (the end of an annealed run) would freeze the policy; keep it positive.
     clip_eps = jnp.maximum(clip_eps, 1e-3)
@@ -275,9 +267,8 @@ def make_ppo(cfg: PPOConfig, spec: EnvSpec, network: NetworkConfig, axis_name: s
           has_aux=True)(params)
       grads, metrics = psum_flat((grads, metrics), axis_name)
       metrics["grad_norm"] = optax.global_norm(grads)
-      updates, opt_state = optimizer.update(grads, opt_state, params)
-      metrics["learning_rate"] = lr(clock.count_at(state.progress, step, columns))
-      params = optax.apply_updates(params, scale_updates(updates, metrics["learning_rate"]))
+      params, opt_state, metrics["learning_rate"] = optimizer.step(
+          grads, opt_state, params, state.progress, step, columns)
       return (params, opt_state, step + 1), metrics
 
     key, epoch_key = jax.random.split(state.key)
@@ -289,7 +280,7 @@ def make_ppo(cfg: PPOConfig, spec: EnvSpec, network: NetworkConfig, axis_name: s
       obs_norm = obs_norm_update(obs_norm, batch.obs[:-1], axis_name)
     metrics["clip_eps"] = clip_eps
     return PPOState(params, opt_state, key, state.version + 1, obs_norm,
-                    clock.advance(state.progress, columns)), metrics
+                    optimizer.clock.advance(state.progress, columns)), metrics
 
   extras_spec = {"logp": ((), np.dtype(np.float32))}
   if not spec.discrete:

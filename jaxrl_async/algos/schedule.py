@@ -19,12 +19,14 @@ whose --total_env_steps counts every host's.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 
+from jaxrl_async.algos.base import clipped_adam
 from jaxrl_async.types import Array
 
 
@@ -79,7 +81,40 @@ class EnvStepClock:
     return progress.count // self.grad_steps
 
 
-def learning_rate(value: float, anneal: bool, total_grad_steps: int) -> optax.Schedule:
+@dataclasses.dataclass(frozen=True)
+class ScheduledAdam:
+  """The on-policy algorithms' optimiser: `clipped_adam` at rate 1, then times the learning rate
+  read at the `Progress` count of each gradient step (`scale_updates`). `clock` reads and
+  advances that count; `make_scheduled_adam` builds one from an algorithm's settings."""
+
+  clock: EnvStepClock
+  lr: optax.Schedule
+  adam: optax.GradientTransformation
+
+  def init(self, params: Any) -> Any:
+    return self.adam.init(params)
+
+  def step(self, grads: Any, opt_state: Any, params: Any, progress: Progress, step: Array,
+           local_columns: int) -> tuple[Any, Any, Array]:
+    """(params, opt_state, learning rate) after gradient step `step` (0-based) of an update
+    from progress `progress` on a batch whose slice here has `local_columns` env columns."""
+    updates, opt_state = self.adam.update(grads, opt_state, params)
+    lr = self.lr(self.clock.count_at(progress, step, local_columns))
+    return optax.apply_updates(params, scale_updates(updates, lr)), opt_state, lr
+
+
+def make_scheduled_adam(learning_rate: float, anneal: bool, max_grad_norm: float,
+                        num_updates: int, grad_steps: int, columns_per_update: int,
+                        axis_name: str) -> ScheduledAdam:
+  """An algorithm's optimiser: its rate constant or annealed over the run's `num_updates`
+  updates of `grad_steps` gradient steps, each taking `columns_per_update` env columns at the
+  configured U (one process's), counted over `axis_name`."""
+  return ScheduledAdam(EnvStepClock(grad_steps, columns_per_update, axis_name),
+                       rate_schedule(learning_rate, anneal, num_updates * grad_steps),
+                       clipped_adam(1.0, max_grad_norm))
+
+
+def rate_schedule(value: float, anneal: bool, total_grad_steps: int) -> optax.Schedule:
   """The learning rate at a `Progress` count: `value` throughout, or annealed linearly to 0
   over `total_grad_steps` counts (the run's updates x gradient steps per update)."""
   if anneal:
