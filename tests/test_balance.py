@@ -2,6 +2,7 @@
 U and F, the limiter's SPI, the actor gate) and a real run under it. The simulated plant is in
 tests/test_balance_plant.py."""
 
+import dataclasses
 import json
 import random
 import threading
@@ -15,7 +16,7 @@ from jaxrl_async.runtime.learners.loop import LearnerLoop
 from jaxrl_async.runtime.learners.on_policy import OnPolicyStep
 from jaxrl_async.runtime.learners.spi_limiter import SampleToInsertRatio
 from jaxrl_async.runtime.pipeline.balance import BalanceController
-from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting, Window
+from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting, Window, pooled
 from jaxrl_async.runtime.pipeline.balancer import ActorGate
 from jaxrl_async.runtime.pipeline.queue import QueueClosed, RolloutInfo, RolloutQueue
 from jaxrl_async.runtime.pipeline.rate import RateController
@@ -23,7 +24,10 @@ from jaxrl_async.runtime.trainer import Trainer
 from tests.conftest import small_config
 
 
-def window(idle=0.0, blocked=0.0, lag=0.5, consumed=20, actor_rate=10.0, learner_rate=10.0):
+def window(idle=0.0, blocked=0.0, lag=0.5, consumed=20, actor_rate=10.0, learner_rate=None):
+  """A 1-s window; the learner's rate is what it learned per busy second unless given."""
+  if learner_rate is None:
+    learner_rate = consumed / max(1.0 - idle, 1e-9)
   return Window(learner_idle=idle, actors_blocked=blocked, actor_rate=actor_rate,
                 learner_rate=learner_rate, consumed=consumed, lag_mean=lag)
 
@@ -237,6 +241,27 @@ def test_bounds_are_forgotten_when_the_plant_changes():
   assert c._floor_flight == {}
 
 
+def test_a_plant_that_changed_under_a_move_or_between_visits_is_replanned():
+  """A move under which the learner's own rate moved is not judged (its throughput says
+  nothing about the move); and a setting read again after a move finds a changed learner."""
+  c = controller(u=8, f=16)  # U at its largest: the probe is half the actors
+  c._floor_flight[8] = 16  # a bound found so far
+  assert c.step(window(idle=0.8)).lever == "active_actors-"
+  d = c.step(window(idle=0.8, consumed=40, learner_rate=500.0))  # +100%; a learner 5x faster
+  assert d.lever == "undo" and "undone unjudged" in d.reason and c.setting.active_actors == 4
+  assert c._floor_flight == {} and c._ceiling_active == 4 and c._floor_active == 1
+  # Read at 2 actors, then at 4, then back at 2 with a learner 3x slower: the bounds go.
+  watch = c._watch
+  for _ in range(5):
+    assert not watch.moved(window(consumed=20), (8, 2))
+  watch.moved_setting()
+  for _ in range(5):
+    assert not watch.moved(window(consumed=20), (8, 4))
+  watch.moved_setting()
+  moved = [watch.moved(window(consumed=6), (8, 2)) for _ in range(5)]
+  assert moved == [False] * 4 + [True]
+
+
 def test_no_window_no_decision_and_settling_skips_windows():
   c = controller(settle=1)
   assert c.step(window(consumed=0, idle=0.9, blocked=0.9)) is None
@@ -276,6 +301,25 @@ def test_a_move_is_judged_on_the_pooled_windows_after_it():
   c.step(window(idle=0.8, blocked=0.7))
   d = c.step(window(idle=0.8, blocked=0.1, consumed=15))
   assert d.lever == "undo" and d.window.consumed == 15
+
+
+def test_a_timed_window_reads_whole_updates_and_a_pool_of_them_too():
+  """Throughput between finished updates has no count's rounding; a pool sums both parts, and
+  one untimed window makes the pool's throughput the counts' again."""
+  timed = Window(0.2, 0.1, 1.0, 30.0, consumed=36, lag_mean=0.5, seconds=1.0, learned=30,
+                 learned_s=0.95)
+  assert timed.timed and timed.throughput == pytest.approx(30 / 0.95)
+  other = dataclasses.replace(timed, consumed=24, learned=36, learned_s=1.05)
+  both = pooled([timed, other])
+  assert both.throughput == pytest.approx(66 / 2.0) and both.consumed == 60
+  untimed = dataclasses.replace(timed, learned=0, learned_s=0.0)
+  assert not untimed.timed and untimed.throughput == 36.0
+  assert pooled([timed, untimed]).throughput == pytest.approx(72 / 2.0)
+  # The grain: a timed verdict is not widened by one update's rounding.
+  c = controller(u=6, f=12, judge_windows=1)
+  c.step(window(idle=0.8, blocked=0.7))
+  assert c._trial is not None
+  assert c._grain(c._trial, timed) == pytest.approx(6 / 20)  # the count before, none after
 
 
 def test_random_windows_never_ask_beyond_the_cap():

@@ -428,6 +428,26 @@ def test_run_summary_counts_what_was_lost_and_who_waited(tmp_path):
   assert line.endswith("learner idle 71% > 20%")
 
 
+def test_run_summary_windows_groups_a_setting_and_shows_both_throughputs(tmp_path):
+  from tools import run_summary
+
+  run = tmp_path / "run"
+  run.mkdir()
+  def w(t, n, consumed, learned, learned_s):
+    return {"wall_s": t, "rollouts_per_update": 6, "in_flight": 12, "active_actors": n,
+            "consumed": consumed, "seconds": 1.0, "learned": learned, "learned_s": learned_s,
+            "learner_idle": 0.2, "actors_blocked": 0.1, "lag_mean": 0.5}
+  # Counted at the ticks: 36 then 24 (one update either side); timed: 30 each second.
+  records = [{"balance_windows": [w(1.0, 6, 36, 30, 1.0), w(2.0, 6, 24, 30, 1.0)]},
+             {"balance_windows": [w(3.0, 3, 30, 0, 0.0)]}, {}]
+  (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+  first, second = run_summary.windows(run)
+  assert "U6 F12 N6" in first and "2 windows" in first
+  assert "timed   30.00/s (sd  0.0%, 2 timed)" in first
+  assert "counted   30.00/s (sd 28.3%)" in first
+  assert "U6 F12 N3" in second and "0 timed" in second
+
+
 def test_balance_grid_judges_auto_against_the_best_and_median_fixed_setting():
   from tools.suites import balance_grid
 

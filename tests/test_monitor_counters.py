@@ -118,6 +118,10 @@ def test_the_learner_is_idle_only_once_its_last_update_finished():
     while loop.version < 2 and time.time() < deadline:
       time.sleep(0.01)
     assert loop.version == 2  # the second was taken while the first still computed
+    while loop.consumption_mark() is None and time.time() < deadline:
+      time.sleep(0.01)
+    first = loop.consumption_mark()  # the first update finished, 1 rollout admitted by then
+    assert first is not None and first[1] == 1, first
     time.sleep(1.0)  # the second computes 0.4 s, then nothing comes: idle
   finally:
     stop.set()
@@ -125,5 +129,8 @@ def test_the_learner_is_idle_only_once_its_last_update_finished():
     rate.close()
     thread.join(5)
   t = loop.timers.snapshot()
+  # The balancer's timed throughput: rollouts admitted by each finished update, and when.
+  last = loop.consumption_mark()
+  assert last[1] == 2 and 0.1 <= last[0] - first[0] <= 0.5, (first, last)  # 0.4 s and 0.6 s
   assert 0.45 <= t.compute_wait_s <= 0.9, t
   assert 0.5 <= t.idle_s <= 1.1, t

@@ -64,7 +64,8 @@ class _Sim:
     self.records: list[dict[str, Any]] = []
     self.moves: list[tuple[float, Any]] = []
     self.max_lag = 0
-    self.last = dict(self.counts, lags=0, t=0.0)
+    self.done: tuple[float, int] | None = None
+    self.last = dict(self.counts, lags=0, t=0.0, done=None)
 
   def push(self, t: float, kind: str, *data: Any) -> None:
     heapq.heappush(self.events, (t, next(self.seq), kind) + data)
@@ -104,7 +105,7 @@ class _Sim:
     self.busy = True
     self.params_at = now + self.plant.update_s + self.rollout_s * u
     self.rate.published(self.rate.version + 1, [t for t, _ in batch])
-    self.push(self.params_at, "learned")
+    self.push(self.params_at, "learned", len(self.counts["lags"]))
 
   def apply(self, setting: Setting, now: float) -> None:
     self.active = setting.active_actors
@@ -123,16 +124,21 @@ class _Sim:
     blocked_now = c["blocked"] + sum(now - since for since, kind in self.waiting.values()
                                      if kind == "blocked")
     lags, dt = c["lags"][last["lags"]:], now - last["t"]
+    timed = last["done"] is not None and self.done is not None
+    learned = self.done[1] - last["done"][1] if timed else 0
+    learned_s = self.done[0] - last["done"][0] if timed else 0.0
     idle, blocked, n = (idle_now - last["idle"]) / dt, blocked_now - last["blocked"], self.active
     w = Window(learner_idle=idle, actors_blocked=blocked / (n * dt),
                actor_rate=(c["made"] - last["made"]) / max(n * dt - blocked, 1e-9),
                learner_rate=len(lags) / max(dt * (1 - idle), 1e-9), consumed=len(lags),
-               lag_mean=sum(lags) / len(lags), lag_max=max(lags), seconds=dt)
+               lag_mean=sum(lags) / len(lags), lag_max=max(lags), seconds=dt,
+               learned=learned, learned_s=learned_s)
     self.records.append({"t": now, "sps": len(lags) / dt, **dataclasses.asdict(w),
                          "setting": dataclasses.asdict(self.control.setting),
                          "in_force": (self.rate.rollouts_per_update, self.rate.in_flight_limit,
                                       self.active)})
-    self.last = dict(c, lags=len(c["lags"]), t=now, idle=idle_now, blocked=blocked_now)
+    self.last = dict(c, lags=len(c["lags"]), t=now, idle=idle_now, blocked=blocked_now,
+                     done=self.done)
     if self.auto and not self.pending and self.rate.pending_rollouts_per_update is None:
       decision = self.control.step(w)
       if decision is not None and decision.lever != "hold":
@@ -155,6 +161,7 @@ class _Sim:
         self.start_or_wait(data[0], now)
       elif kind == "learned":
         self.busy, self.free_since = False, now
+        self.done = (now, data[0])  # as the run's learner loop marks a finished update
       elif kind == "change":
         self.rollout_s = data[0]
       elif kind == "compiled":

@@ -9,10 +9,14 @@ are left out when there are more than two).
 
   python -m tools.run_summary RUN_DIR [RUN_DIR ...]
   python -m tools.run_summary --decisions RUN_DIR [RUN_DIR ...]
+  python -m tools.run_summary --windows RUN_DIR [RUN_DIR ...]
 
 `--decisions` lists instead each run's `--balance=auto` decisions, one line apiece: when, the
 lever, the setting it leads to (U, F, active actors), the window it read (learner idle, actors
-blocked, mean lag) and its reason.
+blocked, mean lag) and its reason. `--windows` gives a line per stretch of `--balance=auto`
+control windows at one setting: their number and seconds, the throughput (rollouts learned per
+second) timed between finished updates and as counted at the windows' ticks, each with the
+windows' scatter (sd over mean: the noise a verdict reads), and the mean idle, blocked and lag.
 """
 
 from __future__ import annotations
@@ -55,15 +59,55 @@ def decisions(run_dir: Path) -> list[str]:
   return lines
 
 
+def _scatter(values: list[float]) -> float:
+  """Standard deviation over the mean (0 for fewer than two values)."""
+  if len(values) < 2:
+    return 0.0
+  mean = sum(values) / len(values)
+  return (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 / max(mean, 1e-9)
+
+
+def windows(run_dir: Path) -> list[str]:
+  """The run's control windows, a line per stretch at one setting (`--windows`)."""
+  ws = [w for r in read_records(run_dir) for w in r.get("balance_windows") or []]
+  stretches: list[list[dict[str, Any]]] = []
+  for w in ws:
+    key = (w["rollouts_per_update"], w["in_flight"], w["active_actors"])
+    if stretches and key == stretches[-1][0]["key"]:
+      stretches[-1].append(w | {"key": key})
+    else:
+      stretches.append([w | {"key": key}])
+  return [_stretch_line(run_dir.name, st) for st in stretches]
+
+
+def _stretch_line(name: str, st: list[dict[str, Any]]) -> str:
+  timed = [w for w in st if w.get("learned_s", 0) > 0 and w.get("learned", 0) > 0]
+  secs = sum(w["seconds"] for w in st)
+  counted = sum(w["consumed"] for w in st) / max(secs, 1e-9)
+  per_s = sum(w["learned"] for w in timed) / max(sum(w["learned_s"] for w in timed), 1e-9)
+  sd_timed = _scatter([w["learned"] / w["learned_s"] for w in timed])
+  sd_counted = _scatter([w["consumed"] / w["seconds"] for w in st])
+  mean = {k: sum(w[k] * w["seconds"] for w in st) / max(secs, 1e-9)
+          for k in ("learner_idle", "actors_blocked", "lag_mean")}
+  u, f, n = st[0]["key"]
+  return (f"{name} {st[0]['wall_s']:7.2f}s U{u} F{f} N{n}  {len(st):3d} windows {secs:6.1f}s  "
+          f"timed {per_s:7.2f}/s (sd {100 * sd_timed:4.1f}%, {len(timed)} timed)  counted "
+          f"{counted:7.2f}/s (sd {100 * sd_counted:4.1f}%)  idle {mean['learner_idle']:.2f} "
+          f"blocked {mean['actors_blocked']:.2f} lag {mean['lag_mean']:.2f}")
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("run_dirs", nargs="+", type=Path)
   parser.add_argument("--decisions", action="store_true",
                       help="list each run's --balance=auto decisions instead")
+  parser.add_argument("--windows", action="store_true",
+                      help="list each run's --balance=auto control windows by setting instead")
   args = parser.parse_args()
-  if args.decisions:
+  if args.decisions or args.windows:
+    show, none = (decisions, "decisions") if args.decisions else (windows, "windows")
     for run_dir in args.run_dirs:
-      print("\n".join(decisions(run_dir)) or f"{run_dir.name}: no balance decisions")
+      print("\n".join(show(run_dir)) or f"{run_dir.name}: no balance {none}")
     return
   print("| run | env steps | updates | U | dropped | idle steps | lost | max lag | lag hist | SPS "
         "| actors blocked | learner idle |")

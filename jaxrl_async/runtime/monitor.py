@@ -97,6 +97,7 @@ class Monitor:
       record.update(active_actors=self.balancer.gate.active,
                     in_flight_limit=self.controller.in_flight_limit)
       record["balance_decisions"] = self.balancer.take_unlogged()
+      record["balance_windows"] = self.balancer.take_windows()
     self._last = {"t": now, "blocked": blocked, "paused": paused, "idle": idle,
                   "steps": env_steps}
     return record

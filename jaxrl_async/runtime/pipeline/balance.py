@@ -41,9 +41,11 @@ nothing is undone too. So each experiment is made once (without bounds the lag a
 rules would alternate), and where actors share the learner's cores and a larger U costs
 throughput, the judge finds it and actors pause instead. Bounds are forgotten when the
 learner's rate at a held setting (read over enough busy time to time an update by) moves by
-more than `replan` (a second job on the device). A first window after a move that lost three
-times `rate_cost`, and more than its grain, is a verdict on its own. Every decision carries
-its reason and measurements.
+more than `replan` from what it was there before (a second job on the device:
+balance_rates.py); a move under which the learner's rate moved that much is undone unjudged.
+Throughput is read between finished updates where the windows are timed (`Window.timed`), so
+no count's rounding enters a verdict. A first window after a move that lost three times
+`rate_cost`, and more than its grain, is a verdict on its own. Decisions carry their reasons.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import collections
 import dataclasses
 import math
 
+from jaxrl_async.runtime.pipeline.balance_rates import RateWatch
 from jaxrl_async.runtime.pipeline.balance_window import Bounds, Decision, Setting, Window, pooled
 
 
@@ -64,7 +67,6 @@ class _Trial:
 
 _TAKES_PRODUCTION = ("in_flight-", "finer", "active_actors-")
 _MUST_GAIN = ("active_actors+", "probe_u", "probe_active")  # off the rules' path
-_MIN_BUSY_S = 1.0  # busy learner seconds a re-plan's rate is read from
 
 
 class BalanceController:
@@ -82,8 +84,7 @@ class BalanceController:
     self._floor_active = 1
     self._ceiling_active = bounds.num_actors
     self._ceiling_u: dict[int, int] = {}  # active actors -> the largest U that paid there
-    self._rates: float | None = None  # the learner's rate when the bounds were set
-    self._recent: collections.deque = collections.deque(maxlen=5)
+    self._watch = RateWatch(bounds.replan)  # the learner's rate, for a changed plant
     self._held: set[str] = set()  # holds already said (they would repeat every window)
     self._pool: collections.deque = collections.deque(maxlen=2 * bounds.judge_windows)
 
@@ -104,7 +105,7 @@ class BalanceController:
     w = pooled(list(self._pool) if trial is not None else list(self._pool)[-jw:])
     self._trial = None
     if trial is not None:
-      undo = self._judge(trial, w)
+      undo = self._unjudged(trial, w) or self._judge(trial, w)
       if undo is not None:
         return undo
     if w.learner_idle > self.bounds.target_idle:
@@ -123,11 +124,14 @@ class BalanceController:
 
   def _grain(self, trial: _Trial, w: Window) -> float:
     """How far the ratio of the throughputs after and before a move can be off by counting
-    alone: rollouts are counted as updates finish, so each count is off by up to one update
-    (U rollouts). At 512,512 on this host U = 3 learns 20 rollouts a second, so a 1-s window
-    is +-15% by this alone; one that read 15% short undid a U whose fixed run was 9% faster."""
-    before = trial.before.rollouts_per_update / max(trial.window.consumed, 1)
-    return before + self.setting.rollouts_per_update / max(w.consumed, 1)
+    alone: a count read at a clock tick is off by up to one update (U rollouts). At 512,512 on
+    this host U = 3 learns 20 rollouts a second, so a 1-s window is +-15% by this alone; one
+    that read 15% short undid a U whose fixed run was 9% faster. A window timed between
+    finished updates (`Window.timed`) has no such rounding."""
+    def grain(u: int, window: Window) -> float:
+      return 0.0 if window.timed else u / max(window.consumed, 1)
+    return grain(trial.before.rollouts_per_update, trial.window) + grain(
+        self.setting.rollouts_per_update, w)
 
   def _close_call(self, trial: _Trial, w: Window) -> bool:
     """Whether the throughput since the move lies within `rate_cost` of its verdict's line (a
@@ -341,26 +345,30 @@ class BalanceController:
     return spi if not math.isclose(spi, s.samples_per_insert) else None
 
   def _replan(self, w: Window) -> None:
-    """Forgets the bounds (the old plant's point) when the learner's rate over five windows
-    moved at a held setting. Pooled, and read only from a second of busy time or more: a
-    learner idle 90% of 2-s windows is busy 0.2 s a window, too little to time an update by."""
-    self._recent.append(w)
-    if len(self._recent) < self._recent.maxlen:
-      return
-    p = pooled(list(self._recent))
-    if p.seconds * (1 - p.learner_idle) < _MIN_BUSY_S:
-      return
-    rate = p.learner_rate
-    if self._rates is None:
-      self._rates = rate
-    elif rate > 0 and abs(rate - self._rates) > self.bounds.replan * self._rates:
-      self._rates = rate
-      self._recent.clear()
-      self._floor_flight.clear()
-      self._ceiling_flight.clear()
-      self._no_finer.clear()
-      self._floor_active, self._ceiling_active = 1, self.bounds.num_actors
-      self._ceiling_u.clear()
+    """Forgets the bounds (the old plant's point) when the learner's rate at a held setting
+    moved (`RateWatch`)."""
+    if self._watch.moved(w, (self.setting.rollouts_per_update, self.setting.active_actors)):
+      self._forget()
+
+  def _unjudged(self, trial: _Trial, w: Window) -> Decision | None:
+    """A move under which the learner's own rate moved by more than `replan` is not judged:
+    the plant changed (in the simulated plant, a probe of 3 actors made while a slow learner
+    recovered read as a 75% gain and was kept). It is undone, and the bounds are forgotten."""
+    if not self._watch.differs(trial.window, w):
+      return None
+    self._forget()
+    return self._move(trial.before, "undo", w, f"the learner's rate moved from "
+                      f"{trial.window.learner_rate:.1f} to {w.learner_rate:.1f} rollouts per "
+                      f"busy second under {trial.kind}: the plant changed, so it is undone "
+                      "unjudged and the bounds are forgotten", judged=False)
+
+  def _forget(self) -> None:
+    self._watch.forget()
+    self._floor_flight.clear()
+    self._ceiling_flight.clear()
+    self._no_finer.clear()
+    self._floor_active, self._ceiling_active = 1, self.bounds.num_actors
+    self._ceiling_u.clear()
 
   def _move(self, setting: Setting, kind: str, w: Window, reason: str,
             judged: bool = True) -> Decision:
@@ -376,9 +384,8 @@ class BalanceController:
     self.setting = setting
     self._settling = b.settle
     self._held.clear()
-    self._recent.clear()  # the learner's rate at the new setting is measured afresh
+    self._watch.moved_setting()  # the learner's rate at the new setting is read afresh
     self._pool.clear()
-    self._rates = None
     decision = Decision(setting, lever, reason, w)
     self.decisions.append(decision)
     return decision

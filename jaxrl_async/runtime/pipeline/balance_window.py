@@ -32,9 +32,21 @@ class Window:
   lag_mean: float | None  # over those rollouts; None when none was learned
   lag_max: int | None = None
   seconds: float = 1.0
+  # Rollouts learned from the last update finished before the window to the last finished in
+  # it, and the seconds between the two: whole updates over their own time, so the throughput
+  # carries no count's rounding. 0 where no update finished (or a plant does not time them).
+  learned: int = 0
+  learned_s: float = 0.0
+
+  @property
+  def timed(self) -> bool:
+    return self.learned > 0 and self.learned_s > 0
 
   @property
   def throughput(self) -> float:
+    """Rollouts learned per second: between finished updates where timed, else the count."""
+    if self.timed:
+      return self.learned / self.learned_s
     return self.consumed / max(self.seconds, 1e-9)
 
 
@@ -46,13 +58,16 @@ def pooled(windows: list[Window]) -> Window:
   consumed = sum(w.consumed for w in windows)
   busy = sum(w.seconds * (1 - w.learner_idle) for w in windows)
   lags = [w.lag_max for w in windows if w.lag_max is not None]
+  timed = all(w.timed for w in windows)  # else the pooled throughput is the counts'
   return Window(
       learner_idle=sum(w.learner_idle * w.seconds for w in windows) / secs,
       actors_blocked=sum(w.actors_blocked * w.seconds for w in windows) / secs,
       actor_rate=sum(w.actor_rate * w.seconds for w in windows) / secs,
       learner_rate=consumed / max(busy, 1e-9), consumed=consumed,
       lag_mean=sum(w.lag_mean * w.consumed for w in windows) / consumed,
-      lag_max=max(lags) if lags else None, seconds=secs)
+      lag_max=max(lags) if lags else None, seconds=secs,
+      learned=sum(w.learned for w in windows) if timed else 0,
+      learned_s=sum(w.learned_s for w in windows) if timed else 0.0)
 
 
 @dataclasses.dataclass(frozen=True)

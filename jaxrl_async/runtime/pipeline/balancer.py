@@ -7,6 +7,11 @@ lasts at least `balance_every_s` and until the learner has learned from two upda
 rollouts, so each one holds evidence; the first starts at the learner's first update (while it
 compiles it is neither idle nor learning). A move of U is applied only once its update is
 compiled and the tickets of a larger U have drained, and the next window starts then.
+
+A window's throughput is timed between finished updates (`LearnerLoop.consumption_mark`):
+measured at a held setting of a 512,512 learner at U = 6, a 1-s window's scatter is 3.5% so
+timed against 7.7% counted at the tick. Every window goes to the metrics (`balance_windows`,
+`tools.run_summary --windows`) with the setting it was measured at.
 """
 
 from __future__ import annotations
@@ -95,6 +100,7 @@ class Balancer:
     self.control = BalanceController(bounds, start)
     self.decisions: list[dict[str, Any]] = []
     self._unlogged: list[dict[str, Any]] = []
+    self._windows: list[dict[str, Any]] = []  # every window measured, for the metrics
     self._pending: Setting | None = None  # a U waiting for its compile or a drain
     self._mark = self._counts()
 
@@ -104,7 +110,8 @@ class Balancer:
             "hist": self.rate.lag_counts(),
             "made": [t.rollouts for t in actors],
             "blocked": [t.permit_s + t.put_s for t in actors],
-            "paused": [t.paused_s for t in actors]}
+            "paused": [t.paused_s for t in actors],
+            "done": self.learner.consumption_mark()}
 
   def _window(self, now: dict[str, Any]) -> Window | None:
     """The measurements since the mark, or None while they hold too little evidence."""
@@ -123,11 +130,15 @@ class Balancer:
     paused = sum(now["paused"][i] - last["paused"][i] for i in active)
     working = max(len(active) * dt - blocked - paused, 1e-9)
     lags = [k for k, v in delta.items() if v > 0]
+    learned, learned_s = 0, 0.0
+    if last["done"] is not None and now["done"] is not None:
+      learned_s, learned = (a - b for a, b in zip(now["done"], last["done"], strict=True))
     return Window(
         learner_idle=idle, actors_blocked=min(blocked / max(len(active) * dt, 1e-9), 1.0),
         actor_rate=made / working, learner_rate=consumed / max(dt * (1 - idle), 1e-9),
         consumed=consumed, lag_mean=sum(k * v for k, v in delta.items()) / consumed,
-        lag_max=max(lags) if lags else None, seconds=dt)
+        lag_max=max(lags) if lags else None, seconds=dt, learned=max(learned, 0),
+        learned_s=max(learned_s, 0.0))
 
   def step(self, wall_s: float) -> dict[str, Any] | None:
     """One control step: the decision made (as recorded), if any."""
@@ -141,13 +152,14 @@ class Balancer:
     if window is None:
       return None
     self._mark = now
+    self._windows.append({"wall_s": round(wall_s, 3), **dataclasses.asdict(self.setting),
+                          **_rounded(window)})
     decision = self.control.step(window)
     if decision is None:
       return None
     record = {"wall_s": wall_s, "lever": decision.lever, "reason": decision.reason,
               **dataclasses.asdict(decision.setting),
-              "window": {k: round(v, 4) if isinstance(v, float) else v  # the pooled evidence
-                         for k, v in dataclasses.asdict(decision.window).items()}}
+              "window": _rounded(decision.window)}  # the pooled evidence
     self.decisions.append(record)
     self._unlogged.append(record)
     logging.info("balance: %s", decision.reason)
@@ -185,3 +197,13 @@ class Balancer:
   def take_unlogged(self) -> list[dict[str, Any]]:
     out, self._unlogged = self._unlogged, []
     return out
+
+  def take_windows(self) -> list[dict[str, Any]]:
+    """The windows measured since the last call, each with the setting it was measured at."""
+    out, self._windows = self._windows, []
+    return out
+
+
+def _rounded(window: Window) -> dict[str, Any]:
+  return {k: round(v, 4) if isinstance(v, float) else v
+          for k, v in dataclasses.asdict(window).items()}
