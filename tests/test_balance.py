@@ -236,9 +236,12 @@ def test_bounds_are_forgotten_when_the_plant_changes():
   assert c._floor_flight == {2: 4}
   for _ in range(5):  # on target: the learner's rate at this setting
     assert c.step(window(lag=0.4)) is None
-  for _ in range(5):  # then it becomes 3x slower (a second job on the device)
-    c.step(window(lag=0.4, consumed=6, learner_rate=6.0))
+  decisions = [c.step(window(lag=0.4, consumed=6, learner_rate=6.0))  # then 3x slower
+               for _ in range(5)]  # (a second job on the device)
   assert c._floor_flight == {}
+  [replan] = [d for d in decisions if d is not None]
+  assert replan.lever == "replan" and replan.setting == c.setting
+  assert "moved from 20.0 to 8.8" in replan.reason  # 3 slow windows among the last 5
 
 
 def test_a_plant_that_changed_under_a_move_or_between_visits_is_replanned():
@@ -250,6 +253,11 @@ def test_a_plant_that_changed_under_a_move_or_between_visits_is_replanned():
   d = c.step(window(idle=0.8, consumed=40, learner_rate=500.0))  # +100%; a learner 5x faster
   assert d.lever == "undo" and "undone unjudged" in d.reason and c.setting.active_actors == 4
   assert c._floor_flight == {} and c._ceiling_active == 4 and c._floor_active == 1
+  # A move of U moves the learner's own rate (larger batches): it is judged as ever.
+  c = controller(u=1, f=2)
+  assert c.step(window(idle=0.8, blocked=0.7)).lever == "rollouts_per_update+"
+  d = c.step(window(idle=0.9, blocked=0.1, consumed=15, learner_rate=500.0))
+  assert d.lever == "undo" and "U stays <= 1" in d.reason
   # Read at 2 actors, then at 4, then back at 2 with a learner 3x slower: the bounds go.
   watch = c._watch
   for _ in range(5):
@@ -259,7 +267,7 @@ def test_a_plant_that_changed_under_a_move_or_between_visits_is_replanned():
     assert not watch.moved(window(consumed=20), (8, 4))
   watch.moved_setting()
   moved = [watch.moved(window(consumed=6), (8, 2)) for _ in range(5)]
-  assert moved == [False] * 4 + [True]
+  assert moved == [None] * 4 + [(20.0, 6.0)]
 
 
 def test_no_window_no_decision_and_settling_skips_windows():

@@ -13,7 +13,8 @@ MIN_WINDOWS, MAX_WINDOWS = 5, 60  # windows a rate is read over: at least, and k
 
 class RateWatch:
   """`moved(w, key)`: whether the learner's rate (rollouts per busy second) at the setting
-  `key` moved by more than `replan` from the first rate read there, however long ago.
+  `key`, (U, active actors), moved by more than `replan` from the first rate read there,
+  however long ago.
 
   Read over the last five windows at the setting or more, and only from a second of busy time
   or more: a learner idle 93% of 2-s windows is busy 0.14 s a window, too little to time an
@@ -28,7 +29,8 @@ class RateWatch:
     self._rates: dict[tuple[int, int], float] = {}
     self._recent: collections.deque = collections.deque(maxlen=MAX_WINDOWS)
 
-  def moved(self, w: Window, key: tuple[int, int]) -> bool:
+  def moved(self, w: Window, key: tuple[int, int]) -> tuple[float, float] | None:
+    """(the rate known at `key`, the rate now) where it moved that much, else None."""
     self._recent.append(w)
     recent, busy = [], 0.0
     for x in reversed(self._recent):
@@ -37,14 +39,14 @@ class RateWatch:
       if len(recent) >= MIN_WINDOWS and busy >= MIN_BUSY_S:
         break
     else:
-      return False
+      return None
     rate = pooled(recent).learner_rate
     known = self._rates.setdefault(key, rate)  # the first read at a setting: drift adds up
     if rate > 0 and abs(rate - known) > self.replan * known:
       self.forget()
       self._rates[key] = rate  # every other setting's rate was the old plant's
-      return True
-    return False
+      return known, rate
+    return None
 
   def differs(self, before: Window, after: Window) -> bool:
     """Whether the learner's rate moved by more than `replan` from one window to another."""

@@ -5,6 +5,7 @@ control window's measurements (`Window`, pooled over several), the run's fixed `
 from __future__ import annotations
 
 import dataclasses
+import math
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +105,29 @@ class Bounds:
   @property
   def moves_flight(self) -> bool:
     return self.max_lag is not None
+
+  def u_covering(self, slots: int) -> int:
+    """The smallest allowed U whose (K + 1) U covers `slots` (else the largest)."""
+    for u in sorted(self.u_choices):
+      if self.cap(u) >= slots:
+        return u
+    return max(self.u_choices)
+
+  def u_finer(self, u: int) -> int | None:
+    """2U if allowed (else the next allowed above U); None above the largest."""
+    above = sorted(c for c in self.u_choices if c > u)
+    if not above:
+      return None
+    return 2 * u if 2 * u in above else above[0]
+
+  def spi_step(self, spi: float | None, direction: int) -> float | None:
+    """The SPI target one step up (+1) or down (-1) within its band; None at an edge (or
+    without replay)."""
+    if self.spi_range is None or spi is None:
+      return None
+    lo, hi = self.spi_range
+    new = min(max(spi + direction * (hi - lo) / (2 * self.spi_steps), lo), hi)
+    return new if not math.isclose(new, spi) else None
 
 
 @dataclasses.dataclass(frozen=True)
