@@ -4,35 +4,23 @@ the operating point within a few windows, hold it (no oscillation), never let a 
 the cap K, and follow a learner that slows down and speeds up again."""
 
 import dataclasses
-import statistics
 
-from tools.balance_plant import Plant, simulate
-
-
-def phase(out, t0, t1):
-  """Means over the windows in [t0, t1) and the settings in force there."""
-  rows = [r for r in out["records"] if t0 <= r["t"] < t1]
-  mean = lambda k: statistics.mean(r[k] for r in rows if r[k] is not None)
-  # Rollouts over seconds (a mean of the windows' rates would weigh a short window as a long
-  # one: the windows last until they hold two updates, so a large U's are longer).
-  sps = sum(r["consumed"] for r in rows) / sum(r["seconds"] for r in rows)
-  return {"sps": sps, "idle": mean("learner_idle"), "blocked": mean("actors_blocked"),
-          "lag": mean("lag_mean"), "settings": {r["in_force"] for r in rows}}
-
-
-def moves(out, t0, t1=float("inf")):
-  return [d for t, d in out["moves"] if t0 <= t < t1]
-
-
-def best_fixed(plant, us, horizon, window_s):
-  return max(phase(simulate(Plant(**{**plant.__dict__, "rollouts_per_update": u}), horizon,
-                            window_s, auto=False), horizon / 4, horizon)["sps"] for u in us)
+from tools.balance_plant import (
+  FAST,
+  LEARNER_BOUND,
+  SLOWS_AND_RECOVERS,
+  Plant,
+  best_fixed,
+  moves,
+  phase,
+  simulate,
+)
 
 
 def test_fast_learner_auto_unblocks_the_actors_within_a_few_windows():
   """6 actors, K = 1, U = 1 (2 tickets): actors blocked ~70%, learner idle ~95% (the CPU
   regime of the issue). Auto raises U until the tickets cover the actors."""
-  plant = Plant(actors=6, max_lag=1, actor_s=1.0, rollout_s=0.02)
+  plant = FAST
   fixed = phase(simulate(plant, 200, auto=False), 50, 200)
   assert fixed["blocked"] > 0.6 and fixed["idle"] > 0.9
   best = best_fixed(plant, (1, 2, 3, 6, 12), 200, 2.0)
@@ -44,8 +32,9 @@ def test_fast_learner_auto_unblocks_the_actors_within_a_few_windows():
     assert len(moves(out, 0)) <= 5 and not moves(out, 70), seed
     after = phase(out, 70, 200)
     assert after["blocked"] < 0.25 and after["idle"] > 0.5 and len(after["settings"]) == 1
-    # U = 3 makes 0.945 of U = 12 here: a 4-8% step to U = 6 that 2-s windows of ~10
-    # rollouts do not resolve on every seed (seeds 1 and 2 keep U = 3).
+    # U = 3 makes 0.95 of U = 12 here: a 4-8% step to U = 6 that 2-s windows of ~10
+    # rollouts do not resolve on every seed (seeds 1 and 2 keep U = 3: 0.950 and 0.954 of
+    # the best; `python -m tools.balance_plant --seeds 0-5`).
     assert after["sps"] >= 0.94 * best, seed
     assert out["max_lag"] <= 1 and out["dropped"] == 0
 
@@ -53,22 +42,20 @@ def test_fast_learner_auto_unblocks_the_actors_within_a_few_windows():
 def test_learner_bound_auto_keeps_the_throughput_and_brings_the_lag_to_target():
   """2 fast actors, a slow learner, K = 1: the full pipeline has lag 1; auto lowers it to the
   target without costing more than 5% of the best fixed setting's throughput."""
-  plant = Plant(actors=2, max_lag=1, actor_s=0.2, rollout_s=1.0)
-  assert phase(simulate(plant, 600, 10.0, auto=False), 150, 600)["lag"] > 0.5
-  out = simulate(plant, 600, 10.0)
-  after = phase(out, 300, 600)
-  assert after["lag"] <= 0.5 + 1e-9
-  assert after["sps"] >= 0.95 * best_fixed(plant, (1, 2, 4), 600, 10.0)
-  assert not moves(out, 300) and out["max_lag"] <= 1 and out["dropped"] == 0
+  assert phase(simulate(LEARNER_BOUND, 600, 10.0, auto=False), 150, 600)["lag"] > 0.5
+  best = best_fixed(LEARNER_BOUND, (1, 2, 4), 600, 10.0)
+  for seed in range(4):
+    out = simulate(dataclasses.replace(LEARNER_BOUND, seed=seed), 600, 10.0)
+    after = phase(out, 300, 600)
+    assert after["lag"] <= 0.5 + 1e-9 and after["sps"] >= 0.95 * best, seed
+    assert not moves(out, 300) and out["max_lag"] <= 1 and out["dropped"] == 0, seed
 
 
 def test_a_learner_that_slows_down_and_recovers_is_followed():
   """A second job on the device makes each rollout's update 25x dearer from t = 150 s to
   300 s. The controller must keep the cap and the targets in each phase, on every seed."""
   for seed in range(4):
-    plant = Plant(actors=6, max_lag=1, actor_s=1.0, rollout_s=0.02,
-                  changes=((150.0, 0.5), (300.0, 0.02)), seed=seed)
-    out = simulate(plant, 450)
+    out = simulate(dataclasses.replace(SLOWS_AND_RECOVERS, seed=seed), 450)
     fast, slow, again = phase(out, 100, 150), phase(out, 250, 300), phase(out, 400, 450)
     assert fast["blocked"] < 0.25 and again["blocked"] < 0.25, seed
     # Slow: learner-bound at 1 / 0.5 = 2 rollouts per busy second at most. Bounds are

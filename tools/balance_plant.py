@@ -10,6 +10,7 @@ and its setting is applied: the active actors, F and U on the rate controller (a
 the numbers are the rules', not a machine's.
 
   python -m tools.balance_plant [--actors=6] [--lag=1] [--actor_s=1] [--rollout_s=0.02]
+  python -m tools.balance_plant --seeds 0-5   # the test plants, seed by seed
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import dataclasses
 import heapq
 import itertools
 import random
+import statistics
 from typing import Any
 
 from jaxrl_async.config import RateConfig
@@ -190,6 +192,60 @@ def simulate(plant: Plant, horizon: float, window_s: float = 2.0, auto: bool = T
           "max_lag": sim.max_lag, "dropped": sim.rate.dropped_stale, "setting": control.setting}
 
 
+def phase(out: dict[str, Any], t0: float, t1: float) -> dict[str, Any]:
+  """Over the windows in [t0, t1): rollouts learned per second, the mean idle, blocked and
+  lag, and the settings in force."""
+  rows = [r for r in out["records"] if t0 <= r["t"] < t1]
+  mean = lambda k: statistics.mean(r[k] for r in rows if r[k] is not None)
+  # Rollouts over seconds (a mean of the windows' rates would weigh a short window as a long
+  # one: the windows last until they hold two updates, so a large U's are longer).
+  sps = sum(r["consumed"] for r in rows) / sum(r["seconds"] for r in rows)
+  return {"sps": sps, "idle": mean("learner_idle"), "blocked": mean("actors_blocked"),
+          "lag": mean("lag_mean"), "settings": {r["in_force"] for r in rows}}
+
+
+def moves(out: dict[str, Any], t0: float, t1: float = float("inf")) -> list[Any]:
+  return [d for t, d in out["moves"] if t0 <= t < t1]
+
+
+def best_fixed(plant: Plant, us: tuple[int, ...], horizon: float, window_s: float) -> float:
+  """The best throughput of a fixed U over the last three quarters of the horizon."""
+  return max(phase(simulate(dataclasses.replace(plant, rollouts_per_update=u), horizon,
+                            window_s, auto=False), horizon / 4, horizon)["sps"] for u in us)
+
+
+# The three plants tests/test_balance_plant.py holds the controller to.
+FAST = Plant(actors=6, max_lag=1, actor_s=1.0, rollout_s=0.02)
+LEARNER_BOUND = Plant(actors=2, max_lag=1, actor_s=0.2, rollout_s=1.0)
+SLOWS_AND_RECOVERS = dataclasses.replace(FAST, changes=((150.0, 0.5), (300.0, 0.02)))
+
+
+def seed_rows(seeds: list[int]) -> list[str]:
+  """A line per plant and seed: what auto ends at, against the best fixed U where one is."""
+  rows = []
+  best = best_fixed(FAST, (1, 2, 3, 6, 12), 200, 2.0)
+  best_lb = best_fixed(LEARNER_BOUND, (1, 2, 4), 600, 10.0)
+  for seed in seeds:
+    out = simulate(dataclasses.replace(FAST, seed=seed), 200)
+    a = phase(out, 70, 200)
+    rows.append(f"fast     seed {seed}: {len(moves(out, 0))} moves, last at "
+                f"{max(t for t, _ in out['moves']):.0f} s; after 70 s {a['sps'] / best:.3f} of the "
+                f"best fixed U, blocked {a['blocked']:.2f}, idle {a['idle']:.2f}, settings "
+                f"{sorted(a['settings'])}, max lag {out['max_lag']}, dropped {out['dropped']}")
+    out = simulate(dataclasses.replace(LEARNER_BOUND, seed=seed), 600, 10.0)
+    a = phase(out, 300, 600)
+    rows.append(f"learner  seed {seed}: {len(moves(out, 0))} moves, {len(moves(out, 300))} after "
+                f"300 s; after 300 s {a['sps'] / best_lb:.3f} of the best fixed U, lag "
+                f"{a['lag']:.2f}, max lag {out['max_lag']}, dropped {out['dropped']}")
+    out = simulate(dataclasses.replace(SLOWS_AND_RECOVERS, seed=seed), 450)
+    fast, slow, again = phase(out, 100, 150), phase(out, 250, 300), phase(out, 400, 450)
+    rows.append(f"slowdown seed {seed}: blocked {fast['blocked']:.2f} before, "
+                f"{again['blocked']:.2f} after; slow phase {slow['sps']:.2f} rollouts/s (lag "
+                f"{slow['lag']:.2f}); after / before {again['sps'] / fast['sps']:.3f}; "
+                f"{len(moves(out, 400))} moves after 400 s")
+  return rows
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--actors", type=int, default=6)
@@ -198,7 +254,13 @@ def main() -> None:
   parser.add_argument("--rollout_s", type=float, default=0.02)
   parser.add_argument("--horizon", type=float, default=200.0)
   parser.add_argument("--window_s", type=float, default=2.0)
+  parser.add_argument("--seeds", default="", help="e.g. 0-5: the test plants over these seeds "
+                      "instead, a line per plant and seed")
   args = parser.parse_args()
+  if args.seeds:
+    lo, _, hi = args.seeds.partition("-")
+    print("\n".join(seed_rows(list(range(int(lo), int(hi or lo) + 1)))))
+    return
   plant = Plant(actors=args.actors, max_lag=args.lag, actor_s=args.actor_s,
                 rollout_s=args.rollout_s)
   out = simulate(plant, args.horizon, args.window_s)
