@@ -354,6 +354,11 @@ def test_replay_moves_the_spi_target_within_its_band():
   for want in (7.0, 6.0):
     assert c.step(window(idle=0.0, blocked=0.5)).setting.samples_per_insert == want
   assert c.step(window(idle=0.0, blocked=0.5)) is None
+  # An SPI move moves the learner's own rate (inserts per busy second): judged, as ever.
+  c = BalanceController(bounds, Setting(1, 4, 2, 8.0))
+  c.step(window(idle=0.6))
+  d = c.step(window(idle=0.6, consumed=10, learner_rate=500.0))  # half the inserts: cost
+  assert d.lever == "undo" and "unjudged" not in d.reason
 
 
 # -- the levers --------------------------------------------------------------------------------

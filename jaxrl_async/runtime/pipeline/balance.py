@@ -343,9 +343,11 @@ class BalanceController:
     """A move under which the learner's own rate moved by more than `replan` is not judged:
     the plant changed (in the simulated plant, a probe of 3 actors made while a slow learner
     recovered read as a 75% gain and was kept). It is undone, and the bounds are forgotten.
-    Not for a move of U, which moves that rate itself (tiny learner, this host: 692 rollouts
-    per busy second at U = 1, 1683 at U = 3)."""
-    if (trial.before.rollouts_per_update != self.setting.rollouts_per_update
+    Not for a move of U or of the SPI target, which move that rate themselves (tiny learner,
+    this host: 692 rollouts per busy second at U = 1, 1683 at U = 3)."""
+    b, s = trial.before, self.setting
+    if (b.rollouts_per_update != s.rollouts_per_update
+        or b.samples_per_insert != s.samples_per_insert
         or not self._watch.differs(trial.window, w)):
       return None
     self._forget()
