@@ -170,6 +170,14 @@ if (( BALANCE )); then
       cat "$OUT/steps.tsv"
       echo '```'
       [[ -f "$WORK/balance/results.md" ]] && { echo; sed 's/^#/##/' "$WORK/balance/results.md"; }
+      # Auto's path: its decisions, and its windows by setting (throughput and its scatter).
+      for run in "$WORK"/balance/runs/*-auto-*; do
+        [[ -f "$run/summary.json" ]] || continue
+        echo; echo "## $(basename "$run"): decisions and windows"; echo; echo '```'
+        "$PY" -m tools.run_summary --decisions "$run"
+        "$PY" -m tools.run_summary --windows "$run"
+        echo '```'
+      done
     } >"$OUT/summary.md" 2>&1
     tar -czf "$OUT/device_check.tar.gz" -C "$WORK" --exclude='*/cache' . 2>/dev/null
     echo "device_check: done in $(( $(date +%s) - T0 ))s; see $OUT/summary.md (everything: $OUT/device_check.tar.gz, from $WORK)"
