@@ -436,7 +436,8 @@ def test_run_summary_windows_groups_a_setting_and_shows_both_throughputs(tmp_pat
   def w(t, n, consumed, learned, learned_s):
     return {"wall_s": t, "rollouts_per_update": 6, "in_flight": 12, "active_actors": n,
             "consumed": consumed, "seconds": 1.0, "learned": learned, "learned_s": learned_s,
-            "learner_idle": 0.2, "actors_blocked": 0.1, "lag_mean": 0.5}
+            "learner_idle": 0.2, "actors_blocked": 0.1, "lag_mean": 0.5, "lag_max": 1,
+            "actor_rate": 10.0, "learner_rate": consumed / 0.8}
   # Counted at the ticks: 36 then 24 (one update either side); timed: 30 each second.
   records = [{"balance_windows": [w(1.0, 6, 36, 30, 1.0), w(2.0, 6, 24, 30, 1.0)]},
              {"balance_windows": [w(3.0, 3, 30, 0, 0.0)]}, {}]

@@ -13,16 +13,20 @@ are left out when there are more than two).
 
 `--decisions` lists instead each run's `--balance=auto` decisions, one line apiece: when, the
 lever, the setting it leads to (U, F, active actors), the window it read (learner idle, actors
-blocked, mean lag) and its reason. `--windows` gives a line per stretch of `--balance=auto`
-control windows at one setting: their number and seconds, the throughput (rollouts learned per
-second) timed between finished updates and as counted at the windows' ticks, each with the
-windows' scatter (sd over mean: the noise a verdict reads), and the mean idle, blocked and lag.
+blocked, mean lag, the learner's rollouts per busy second) and its reason. `--windows` gives a
+line per stretch of `--balance=auto` control windows at one setting: their number and seconds,
+the throughput (rollouts learned per second) timed between finished updates and as counted at
+the windows' ticks, each with the windows' scatter (sd over mean: the noise a verdict reads),
+and the idle, blocked and lag pooled as the controller pools them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -54,46 +58,43 @@ def decisions(run_dir: Path) -> list[str]:
     w = d.get("window") or {}
     lines.append(f"{run_dir.name} {d['wall_s']:7.2f}s {d['lever']:<22} U{d['rollouts_per_update']} "
                  f"F{d['in_flight']} N{d['active_actors']}  idle {w.get('learner_idle', 0):.2f} "
-                 f"blocked {w.get('actors_blocked', 0):.2f} lag {w.get('lag_mean', 0):.2f}  "
+                 f"blocked {w.get('actors_blocked', 0):.2f} lag {w.get('lag_mean', 0):.2f} "
+                 f"rate {w.get('learner_rate', 0):.0f}  "
                  f"{d['reason']}")
   return lines
 
 
 def _scatter(values: list[float]) -> float:
   """Standard deviation over the mean (0 for fewer than two values)."""
-  if len(values) < 2:
-    return 0.0
-  mean = sum(values) / len(values)
-  return (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 / max(mean, 1e-9)
+  return statistics.stdev(values) / max(statistics.mean(values), 1e-9) if len(values) > 1 else 0.0
 
 
 def windows(run_dir: Path) -> list[str]:
   """The run's control windows, a line per stretch at one setting (`--windows`)."""
-  ws = [w for r in read_records(run_dir) for w in r.get("balance_windows") or []]
-  stretches: list[list[dict[str, Any]]] = []
-  for w in ws:
-    key = (w["rollouts_per_update"], w["in_flight"], w["active_actors"])
-    if stretches and key == stretches[-1][0]["key"]:
-      stretches[-1].append(w | {"key": key})
-    else:
-      stretches.append([w | {"key": key}])
-  return [_stretch_line(run_dir.name, st) for st in stretches]
+  from jaxrl_async.runtime.pipeline.balance_window import Window
+
+  fields = {f.name for f in dataclasses.fields(Window)}
+  setting = lambda w: (w["rollouts_per_update"], w["in_flight"], w["active_actors"])
+  records = [w for r in read_records(run_dir) for w in r.get("balance_windows") or []]
+  return [_stretch_line(run_dir.name, key, group[0]["wall_s"],
+                        [Window(**{k: v for k, v in w.items() if k in fields}) for w in group])
+          for key, g in itertools.groupby(records, key=setting) for group in [list(g)]]
 
 
-def _stretch_line(name: str, st: list[dict[str, Any]]) -> str:
-  timed = [w for w in st if w.get("learned_s", 0) > 0 and w.get("learned", 0) > 0]
-  secs = sum(w["seconds"] for w in st)
-  counted = sum(w["consumed"] for w in st) / max(secs, 1e-9)
-  per_s = sum(w["learned"] for w in timed) / max(sum(w["learned_s"] for w in timed), 1e-9)
-  sd_timed = _scatter([w["learned"] / w["learned_s"] for w in timed])
-  sd_counted = _scatter([w["consumed"] / w["seconds"] for w in st])
-  mean = {k: sum(w[k] * w["seconds"] for w in st) / max(secs, 1e-9)
-          for k in ("learner_idle", "actors_blocked", "lag_mean")}
-  u, f, n = st[0]["key"]
-  return (f"{name} {st[0]['wall_s']:7.2f}s U{u} F{f} N{n}  {len(st):3d} windows {secs:6.1f}s  "
-          f"timed {per_s:7.2f}/s (sd {100 * sd_timed:4.1f}%, {len(timed)} timed)  counted "
-          f"{counted:7.2f}/s (sd {100 * sd_counted:4.1f}%)  idle {mean['learner_idle']:.2f} "
-          f"blocked {mean['actors_blocked']:.2f} lag {mean['lag_mean']:.2f}")
+def _stretch_line(name: str, key: tuple[int, int, int], start_s: float, ws: list[Any]) -> str:
+  """Pooled as the controller pools them; the throughput timed (the timed windows only) and
+  counted (all), each with the windows' scatter."""
+  from jaxrl_async.runtime.pipeline.balance_window import pooled
+
+  timed = [w for w in ws if w.timed]
+  p = pooled(ws)
+  counted = p.consumed / max(p.seconds, 1e-9)
+  per_s = pooled(timed).throughput if timed else 0.0
+  return (f"{name} {start_s:7.2f}s U{key[0]} F{key[1]} N{key[2]}  {len(ws):3d} windows "
+          f"{p.seconds:6.1f}s  timed {per_s:7.2f}/s (sd "
+          f"{100 * _scatter([w.throughput for w in timed]):4.1f}%, {len(timed)} timed)  counted "
+          f"{counted:7.2f}/s (sd {100 * _scatter([w.consumed / w.seconds for w in ws]):4.1f}%)  "
+          f"idle {p.learner_idle:.2f} blocked {p.actors_blocked:.2f} lag {p.lag_mean:.2f}")
 
 
 def main() -> None:
