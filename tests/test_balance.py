@@ -16,6 +16,7 @@ from jaxrl_async.runtime.learners.loop import LearnerLoop
 from jaxrl_async.runtime.learners.on_policy import OnPolicyStep
 from jaxrl_async.runtime.learners.spi_limiter import SampleToInsertRatio
 from jaxrl_async.runtime.pipeline.balance import BalanceController
+from jaxrl_async.runtime.pipeline.balance_verdict import Trial, grain, verdict
 from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting, Window, pooled
 from jaxrl_async.runtime.pipeline.balancer import ActorGate
 from jaxrl_async.runtime.pipeline.queue import QueueClosed, RolloutInfo, RolloutQueue
@@ -118,6 +119,29 @@ def test_a_larger_u_that_costs_throughput_is_undone_and_actors_pause_instead():
   assert d.lever == "undo" and "U stays <= 1 with 2 actors" in d.reason
   d = c.step(window(idle=0.8, blocked=0.1))  # then one fewer
   assert d.lever == "active_actors-" and "probing 1 actors" in d.reason
+
+
+def test_small_costs_do_not_add_up_past_the_best_kept():
+  """Two moves of U, each within 5% of the one before, but 8% under the best kept setting:
+  the second is undone (fast learner, this host: U 1 -> 2 -> 4 with 3 actors ended at 0.90
+  of the best). Where the throughput was out of that band already (the host slowed), a move is
+  judged against the one before only, so the controller does not freeze."""
+  c = controller(u=1, f=2, active=3, num_actors=3)
+  assert c.step(window(idle=0.8, blocked=0.4, consumed=100)).setting == Setting(2, 4, 3)
+  assert c.step(window(idle=0.8, blocked=0.4, consumed=96)) is None  # a close call
+  d = c.step(window(idle=0.8, blocked=0.4, consumed=96))  # kept (-4%); U on to 4
+  assert d.lever == "rollouts_per_update+" and c.setting == Setting(4, 8, 3)
+  assert "more rollouts in flight per version" in d.reason
+  assert c.step(window(idle=0.8, blocked=0.2, consumed=92)) is None
+  d = c.step(window(idle=0.8, blocked=0.2, consumed=92))  # -4% again: 8% under U = 1
+  assert d.lever == "undo" and c.setting == Setting(2, 4, 3)
+  assert "under 95% of the best kept since the last replan, 100.0 at U = 1" in d.reason
+  assert "U stays <= 2 with 3 actors" in d.reason
+  trial = Trial("rollouts_per_update+", Setting(2, 4, 3), window(consumed=93))
+  best = (Setting(1, 2, 3), window(consumed=100))
+  assert verdict(trial, window(consumed=90), c.bounds, best) is None  # 0.97 of the one before
+  trial = Trial("rollouts_per_update+", Setting(2, 4, 3), window(consumed=96))
+  assert "best kept" in verdict(trial, window(consumed=93), c.bounds, best)
 
 
 def test_a_bound_on_u_holds_for_the_actors_it_was_found_with():
@@ -327,7 +351,8 @@ def test_a_timed_window_reads_whole_updates_and_a_pool_of_them_too():
   c = controller(u=6, f=12, judge_windows=1)
   c.step(window(idle=0.8, blocked=0.7))
   assert c._trial is not None
-  assert c._grain(c._trial, timed) == pytest.approx(6 / 20)  # the count before, none after
+  # the count before, none after
+  assert grain(c._trial, 6, timed) == pytest.approx(6 / 20)
 
 
 def test_random_windows_never_ask_beyond_the_cap():

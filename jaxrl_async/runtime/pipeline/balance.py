@@ -30,22 +30,23 @@ learner busy (consumption is short):
   - otherwise the operating point is reached.
 
 Every move is an experiment judged by the first `judge_windows` windows after it settles,
-pooled (one window at +-5% is too little evidence on a shared host), or twice as many where
-the verdict lies within `rate_cost` of its line; every decision reads the last `judge_windows`
-at the setting in force. A move that cost more than `rate_cost` of the
-throughput (rollouts learned per second), or that took production away and added more than
-`idle_cost` of learner idle, is undone into a bound for its lever (a floor or ceiling of F,
-U, the active actors; U's ceiling holds for the actors it was found with, since a larger U
+pooled (one window at +-5% is too little evidence on a shared host), or twice as many where the
+verdict lies within `rate_cost` of its line; every decision reads the last `judge_windows` at
+the setting in force. A move that cost more than `rate_cost` of the throughput (rollouts
+learned per second), that took it out of `rate_cost` of the best kept since the last replan (so
+small costs do not add up: balance_verdict.py), or that took production away and added more
+than `idle_cost` of learner idle, is undone into a bound for its lever (a floor or ceiling of
+F, U, the active actors; U's ceiling holds for the actors it was found with, since a larger U
 costs with many actors beside the learner and pays with few); a resume or probe that gained
-nothing is undone too. So each experiment is made once (without bounds the lag and idle
-rules would alternate), and where actors share the learner's cores and a larger U costs
-throughput, the judge finds it and actors pause instead. Bounds are forgotten when the
-learner's rate at a held setting (read over enough busy time to time an update by) moves by
-more than `replan` from what it was there before (a second job on the device:
-balance_rates.py); a move under which the learner's rate moved that much is undone unjudged.
-Throughput is read between finished updates where the windows are timed (`Window.timed`), so
-no count's rounding enters a verdict. A first window after a move that lost three times
-`rate_cost`, and more than its grain, is a verdict on its own. Decisions carry their reasons.
+nothing is undone too. So each experiment is made once (without bounds the lag and idle rules
+would alternate), and where actors share the learner's cores and a larger U costs throughput,
+the judge finds it and actors pause instead. Bounds are forgotten when the learner's rate at a
+held setting (read over enough busy time to time an update by) moves by more than `replan` from
+what it was there before (a second job on the device: balance_rates.py); a move under which the
+learner's rate moved that much is undone unjudged. Throughput is read between finished updates
+where the windows are timed (`Window.timed`), so no count's rounding enters a verdict. A first
+window after a move that lost three times `rate_cost`, and more than its grain, is a verdict on
+its own. Decisions carry their reasons.
 """
 
 from __future__ import annotations
@@ -55,18 +56,14 @@ import dataclasses
 import math
 
 from jaxrl_async.runtime.pipeline.balance_rates import RateWatch
+from jaxrl_async.runtime.pipeline.balance_verdict import (
+  Kept,
+  Trial,
+  clearly_worse,
+  close_call,
+  verdict,
+)
 from jaxrl_async.runtime.pipeline.balance_window import Bounds, Decision, Setting, Window, pooled
-
-
-@dataclasses.dataclass(frozen=True)
-class _Trial:
-  kind: str  # the move: a lever and direction, or "finer" (U up, for lag)
-  before: Setting
-  window: Window  # the last window before it
-
-
-_TAKES_PRODUCTION = ("in_flight-", "finer", "active_actors-")
-_MUST_GAIN = ("active_actors+", "probe_u", "probe_active")  # off the rules' path
 
 
 class BalanceController:
@@ -77,7 +74,7 @@ class BalanceController:
     self.setting = setting
     self.decisions: list[Decision] = []
     self._settling = 0
-    self._trial: _Trial | None = None
+    self._trial: Trial | None = None
     self._floor_flight: dict[int, int] = {}  # U -> the lowest F that kept the learner fed
     self._ceiling_flight: dict[int, int] = {}  # U -> an F lowered for lag and kept
     self._no_finer: set[int] = set()  # U values a finer U starved
@@ -87,6 +84,7 @@ class BalanceController:
     self._watch = RateWatch(bounds.replan)  # the learner's rate, for a changed plant
     self._held: set[str] = set()  # holds already said (they would repeat every window)
     self._pool: collections.deque = collections.deque(maxlen=2 * bounds.judge_windows)
+    self._kept = Kept()  # the throughput of each setting kept, for the band a move must hold
 
   def step(self, w: Window) -> Decision | None:
     if self._settling > 0:
@@ -96,13 +94,15 @@ class BalanceController:
       return None  # nothing was learned: no evidence about consumption
     replan = self._replan(w)
     self._pool.append(w)
+    self._kept.add(w)
     if replan is not None:
       return replan
-    jw, trial = self.bounds.judge_windows, self._trial
-    if len(self._pool) < jw and not self._clearly_worse(w):
+    jw, trial, c = self.bounds.judge_windows, self._trial, self.bounds.rate_cost
+    u = self.setting.rollouts_per_update
+    if len(self._pool) < jw and not (trial and clearly_worse(trial, u, w, c)):
       return None  # one window at +-5% is too little evidence on a shared host
     if (trial is not None and len(self._pool) < self._pool.maxlen
-        and self._close_call(trial, pooled(list(self._pool)))):
+        and close_call(trial, pooled(list(self._pool)), c)):
       return None  # a verdict within the noise of its line waits for twice the evidence
     w = pooled(list(self._pool) if trial is not None else list(self._pool)[-jw:])
     self._trial = None
@@ -110,60 +110,24 @@ class BalanceController:
       undo = self._unjudged(trial, w) or self._judge(trial, w)
       if undo is not None:
         return undo
+    self._kept.keep(self.setting)  # judged and kept, or never moved from
     if w.learner_idle > self.bounds.target_idle:
       return self._produce_more(w)
     return self._consume_faster(w)
 
-  def _clearly_worse(self, w: Window) -> bool:
-    """A move whose first window lost three times what a move may cost, and more than its
-    grain (`_grain`), is judged on it: a failed probe of half the actors costs half the
-    throughput while it lasts."""
-    t = self._trial
-    if t is None:
-      return False
-    loss = max(3 * self.bounds.rate_cost, self._grain(t, w))
-    return w.throughput < (1 - loss) * t.window.throughput
-
-  def _grain(self, trial: _Trial, w: Window) -> float:
-    """How far the ratio of the throughputs after and before a move can be off by counting
-    alone: a count read at a clock tick is off by up to one update (U rollouts). At 512,512 on
-    this host U = 3 learns 20 rollouts a second, so a 1-s window is +-15% by this alone; one
-    that read 15% short undid a U whose fixed run was 9% faster. A window timed between
-    finished updates (`Window.timed`) has no such rounding."""
-    def grain(u: int, window: Window) -> float:
-      return 0.0 if window.timed else u / max(window.consumed, 1)
-    return grain(trial.before.rollouts_per_update, trial.window) + grain(
-        self.setting.rollouts_per_update, w)
-
-  def _close_call(self, trial: _Trial, w: Window) -> bool:
-    """Whether the throughput since the move lies within `rate_cost` of its verdict's line (a
-    4-s throughput moves by 3% (sd) at a fixed setting on this host, so a 2-window verdict
-    near the line is a coin toss)."""
-    c = self.bounds.rate_cost
-    line = 1 + c / 2 if trial.kind in _MUST_GAIN else 1 - c
-    return abs(w.throughput / max(trial.window.throughput, 1e-9) - line) < c
-
-  def _judge(self, trial: _Trial, w: Window) -> Decision | None:
+  def _judge(self, trial: Trial, w: Window) -> Decision | None:
     """Undoes the last move if it cost throughput (or gained nothing, for a resume or a
-    probe), and keeps what it learned as a bound."""
-    b, s, before = self.bounds, self.setting, trial.window
-    cost = w.throughput < (1 - b.rate_cost) * before.throughput
-    if trial.kind in _TAKES_PRODUCTION and w.throughput <= before.throughput:
-      cost = cost or w.learner_idle > max(before.learner_idle, 0.0) + b.idle_cost
-    if trial.kind in _MUST_GAIN:
-      # Off the rules' path (a resume, a probe), the status quo wins unless the move gains.
-      cost = w.throughput < (1 + b.rate_cost / 2) * before.throughput
-    if trial.kind == "probe_active" and not cost:
+    probe; `balance_verdict.verdict`), and keeps what it learned as a bound."""
+    s, before = self.setting, trial.window
+    why = verdict(trial, w, self.bounds, self._kept.best(but=s))
+    if trial.kind == "probe_active" and why is None:
       self._ceiling_active = s.active_actors  # chosen on purpose: not resumed while it holds
-    if trial.kind == "in_flight-" and not cost:
+    if trial.kind == "in_flight-" and why is None:
       # Kept for lag: the idle rule does not raise it again (with the learner's idle and the
       # lag both at their targets, the two rules took F 5 -> 6 -> 5 every 5 s for 50 s).
       self._ceiling_flight[s.rollouts_per_update] = s.in_flight
-    if not cost:
+    if why is None:
       return None
-    what = (f"throughput {w.throughput:.1f} rollouts/s (was {before.throughput:.1f}), learner "
-            f"idle {100 * w.learner_idle:.0f}% (was {100 * before.learner_idle:.0f}%) after "
-            f"{trial.kind}")
     back = trial.before
     if trial.kind == "in_flight-":
       self._floor_flight[s.rollouts_per_update] = back.in_flight
@@ -187,7 +151,7 @@ class BalanceController:
       bound = f"actors stay <= {back.active_actors}"
     else:
       bound = "not again at this point"
-    return self._move(back, "undo", w, f"{what}: undone; {bound}", judged=False)
+    return self._move(back, "undo", w, f"{why}: undone; {bound}", judged=False)
 
   def _produce_more(self, w: Window) -> Decision | None:
     b, s = self.bounds, self.setting
@@ -339,7 +303,7 @@ class BalanceController:
     self.decisions.append(decision)
     return decision
 
-  def _unjudged(self, trial: _Trial, w: Window) -> Decision | None:
+  def _unjudged(self, trial: Trial, w: Window) -> Decision | None:
     """A move under which the learner's own rate moved by more than `replan` is not judged:
     the plant changed (in the simulated plant, a probe of 3 actors made while a slow learner
     recovered read as a 75% gain and was kept). It is undone, and the bounds are forgotten.
@@ -358,6 +322,7 @@ class BalanceController:
 
   def _forget(self) -> None:
     self._watch.forget()
+    self._kept.forget()
     self._floor_flight.clear()
     self._ceiling_flight.clear()
     self._no_finer.clear()
@@ -372,7 +337,7 @@ class BalanceController:
           setting.rollouts_per_update), setting
     assert 1 <= setting.active_actors <= b.num_actors, setting
     if judged:
-      self._trial = _Trial(kind, self.setting, w)
+      self._trial = Trial(kind, self.setting, w)
     lever = {"finer": "rollouts_per_update+", "probe_u": "rollouts_per_update+",
              "probe_active": "active_actors-"}.get(kind, kind)
     self.setting = setting
@@ -380,6 +345,7 @@ class BalanceController:
     self._held.clear()
     self._watch.moved_setting()  # the learner's rate at the new setting is read afresh
     self._pool.clear()
+    self._kept.moved()
     decision = Decision(setting, lever, reason, w)
     self.decisions.append(decision)
     return decision
