@@ -17,7 +17,13 @@ from jaxrl_async.runtime.learners.on_policy import OnPolicyStep
 from jaxrl_async.runtime.learners.spi_limiter import SampleToInsertRatio
 from jaxrl_async.runtime.pipeline.balance import BalanceController
 from jaxrl_async.runtime.pipeline.balance_verdict import Trial, grain, verdict
-from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting, Window, pooled
+from jaxrl_async.runtime.pipeline.balance_window import (
+  Bounds,
+  Setting,
+  Window,
+  holds_evidence,
+  pooled,
+)
 from jaxrl_async.runtime.pipeline.balancer import ActorGate
 from jaxrl_async.runtime.pipeline.queue import QueueClosed, RolloutInfo, RolloutQueue
 from jaxrl_async.runtime.pipeline.rate import RateController
@@ -347,6 +353,18 @@ def test_a_timed_window_reads_whole_updates_and_a_pool_of_them_too():
   untimed = dataclasses.replace(timed, learned=0, learned_s=0.0)
   assert not untimed.timed and untimed.throughput == 36.0
   assert pooled([timed, untimed]).throughput == pytest.approx(72 / 2.0)
+  # The learner's rate, too, is whole updates over their busy seconds where every window has
+  # them; else the counts' over the busy share of the windows.
+  a = dataclasses.replace(timed, learned_busy_s=0.5)
+  b = dataclasses.replace(other, learned_busy_s=1.0)
+  assert pooled([a, b]).learner_rate == pytest.approx(66 / 1.5)
+  assert pooled([a, other]).learner_rate == pytest.approx(60 / (2 * 0.8))
+  # A timed window may close once one update finished in it; a counted one holds two updates'
+  # worth of rollouts (a count is off by up to one update).
+  assert holds_evidence(consumed=6, rollouts_per_update=6, learned=6)
+  assert not holds_evidence(consumed=6, rollouts_per_update=6, learned=0)
+  assert holds_evidence(consumed=12, rollouts_per_update=6, learned=0)
+  assert not holds_evidence(consumed=0, rollouts_per_update=6, learned=6)  # no lag to read
   # The grain: a timed verdict is not widened by one update's rounding.
   c = controller(u=6, f=12, judge_windows=1)
   c.step(window(idle=0.8, blocked=0.7))

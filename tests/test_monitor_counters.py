@@ -132,5 +132,8 @@ def test_the_learner_is_idle_only_once_its_last_update_finished():
   # The balancer's timed throughput: rollouts admitted by each finished update, and when.
   last = loop.consumption_mark()
   assert last[1] == 2 and 0.1 <= last[0] - first[0] <= 0.5, (first, last)  # 0.4 s and 0.6 s
+  # No idle between the two finishes (the second was taken while the first computed), so the
+  # seconds between them are all busy: the balancer's learner rate per busy second.
+  assert 0.0 <= last[2] - first[2] < 0.05, (first, last)
   assert 0.45 <= t.compute_wait_s <= 0.9, t
   assert 0.5 <= t.idle_s <= 1.1, t

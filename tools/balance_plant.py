@@ -25,7 +25,7 @@ from typing import Any
 
 from jaxrl_async.config import RateConfig
 from jaxrl_async.runtime.pipeline.balance import BalanceController
-from jaxrl_async.runtime.pipeline.balance_window import UPDATES_PER_WINDOW, Bounds, Setting, Window
+from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting, Window, holds_evidence
 from jaxrl_async.runtime.pipeline.rate import RateController
 
 
@@ -107,7 +107,7 @@ class _Sim:
     self.busy = True
     self.params_at = now + self.plant.update_s + self.rollout_s * u
     self.rate.published(self.rate.version + 1, [t for t, _ in batch])
-    self.push(self.params_at, "learned", len(self.counts["lags"]))
+    self.push(self.params_at, "learned", len(self.counts["lags"]), self.counts["idle"])
 
   def apply(self, setting: Setting, now: float) -> None:
     self.active = setting.active_actors
@@ -120,21 +120,25 @@ class _Sim:
   def window(self, now: float) -> None:
     self.push(now + self.window_s, "window")
     c, last = self.counts, self.last
-    if len(c["lags"]) - last["lags"] < UPDATES_PER_WINDOW * self.rate.rollouts_per_update:
-      return  # as the run's balancer
+    timed = last["done"] is not None and self.done is not None
+    # As the run's balancer: rollouts learned, and the learner's busy seconds (the idle ones
+    # at dispatch are those at the finish), between the finished updates around the window.
+    learned_s, learned, idle_s = ((a - b for a, b in zip(self.done, last["done"], strict=True))
+                                  if timed else (0, 0.0, 0.0))
+    if not holds_evidence(len(c["lags"]) - last["lags"], self.rate.rollouts_per_update, learned):
+      return
     idle_now = c["idle"] + (0.0 if self.busy else now - self.free_since)
     blocked_now = c["blocked"] + sum(now - since for since, kind in self.waiting.values()
                                      if kind == "blocked")
     lags, dt = c["lags"][last["lags"]:], now - last["t"]
-    timed = last["done"] is not None and self.done is not None
-    learned = self.done[1] - last["done"][1] if timed else 0
-    learned_s = self.done[0] - last["done"][0] if timed else 0.0
+    busy_s = learned_s - idle_s if learned else 0.0
     idle, blocked, n = (idle_now - last["idle"]) / dt, blocked_now - last["blocked"], self.active
     w = Window(learner_idle=idle, actors_blocked=blocked / (n * dt),
                actor_rate=(c["made"] - last["made"]) / max(n * dt - blocked, 1e-9),
-               learner_rate=len(lags) / max(dt * (1 - idle), 1e-9), consumed=len(lags),
+               learner_rate=(learned / busy_s if busy_s > 0 else
+                             len(lags) / max(dt * (1 - idle), 1e-9)), consumed=len(lags),
                lag_mean=sum(lags) / len(lags), lag_max=max(lags), seconds=dt,
-               learned=learned, learned_s=learned_s)
+               learned=learned, learned_s=learned_s, learned_busy_s=max(busy_s, 0.0))
     self.records.append({"t": now, "sps": len(lags) / dt, **dataclasses.asdict(w),
                          "setting": dataclasses.asdict(self.control.setting),
                          "in_force": (self.rate.rollouts_per_update, self.rate.in_flight_limit,
@@ -163,7 +167,7 @@ class _Sim:
         self.start_or_wait(data[0], now)
       elif kind == "learned":
         self.busy, self.free_since = False, now
-        self.done = (now, data[0])  # as the run's learner loop marks a finished update
+        self.done = (now, data[0], data[1])  # as the run's learner loop marks one finished
       elif kind == "change":
         self.rollout_s = data[0]
       elif kind == "compiled":
@@ -198,7 +202,7 @@ def phase(out: dict[str, Any], t0: float, t1: float) -> dict[str, Any]:
   rows = [r for r in out["records"] if t0 <= r["t"] < t1]
   mean = lambda k: statistics.mean(r[k] for r in rows if r[k] is not None)
   # Rollouts over seconds (a mean of the windows' rates would weigh a short window as a long
-  # one: the windows last until they hold two updates, so a large U's are longer).
+  # one: the windows last until an update finishes in them, so a large U's are longer).
   sps = sum(r["consumed"] for r in rows) / sum(r["seconds"] for r in rows)
   return {"sps": sps, "idle": mean("learner_idle"), "blocked": mean("actors_blocked"),
           "lag": mean("lag_mean"), "settings": {r["in_force"] for r in rows}}

@@ -49,28 +49,30 @@ class Completions:
   polling, nothing read back on the learner's path): dispatch returns at once, so the learner
   waiting for rollouts while its update still computes is busy, not idle.
 
-  Each update carries a mark, the rollouts admitted when it was dispatched; `last()` pairs the
-  newest finished update's mark with its time. Consumption read between two such events counts
-  whole updates over the time they took, where a count read at a clock tick is off by up to one
-  update's rollouts (at U = 6 and 32 rollouts/s, up to 19% of a 1-s window)."""
+  Each update carries a mark, the rollouts admitted and the learner's idle seconds when it was
+  dispatched; `last()` pairs the newest finished update's mark with its time. Consumption read
+  between two such events counts whole updates over the time they took, where a count read at a
+  clock tick is off by up to one update's rollouts (at U = 6 and 32 rollouts/s, up to 19% of a
+  1-s window). The idle seconds at dispatch are those at its finish too (an update that
+  computes is busy time), so two marks also give the busy seconds between them."""
 
   def __init__(self):
     self._flags: queue_lib.SimpleQueue = queue_lib.SimpleQueue()
     self._lock = threading.Lock()
     self._pending = 0
     self._done_at: float | None = None  # when the newest finished
-    self._last: tuple[float, int] | None = None  # (when, its mark) for the newest finished
+    self._last: tuple[float, int, float] | None = None  # (when, *its mark): the newest finished
     self._closed = threading.Event()
     self._thread = threading.Thread(target=self._run, name="learner-completions", daemon=True)
     self._thread.start()
 
-  def add(self, flag: Any, mark: int = 0) -> None:
+  def add(self, flag: Any, mark: tuple[int, float] = (0, 0.0)) -> None:
     with self._lock:
       self._pending += 1
     self._flags.put((flag, mark))
 
-  def last(self) -> tuple[float, int] | None:
-    """(perf_counter time, mark) of the newest finished update; None before the first."""
+  def last(self) -> tuple[float, int, float] | None:
+    """(perf_counter time, *mark) of the newest finished update; None before the first."""
     with self._lock:
       return self._last
 
@@ -95,7 +97,7 @@ class Completions:
       with self._lock:
         self._pending -= 1
         self._done_at = time.perf_counter()
-        self._last = (self._done_at, mark)
+        self._last = (self._done_at, *mark)
 
 
 class Advance(NamedTuple):
@@ -184,8 +186,9 @@ class LearnerLoop:
   def extra_metrics(self) -> dict[str, Any]:
     return self.step.extra_metrics(self.timers.idle_s)
 
-  def consumption_mark(self) -> tuple[float, int] | None:
-    """(perf_counter time, rollouts admitted by then) at the newest finished update."""
+  def consumption_mark(self) -> tuple[float, int, float] | None:
+    """(perf_counter time, rollouts admitted by then, idle seconds by then) at the newest
+    finished update."""
     completions = self._completions
     return completions.last() if completions is not None else None
 
@@ -261,7 +264,7 @@ class LearnerLoop:
       self.timers.consumed_env_steps += out.consumed_env_steps
       if self.timers.first_update_wall_s is None:
         self.timers.first_update_wall_s = self.wall_s()
-    self._completions.add(out.metrics["nonfinite"], self.controller.admitted)
+    self._completions.add(out.metrics["nonfinite"], (self.controller.admitted, self.timers.idle_s))
     self._count_nonfinite(out.metrics["nonfinite"])
     if self.after_update is not None:
       self.after_update(self.version, self.state)

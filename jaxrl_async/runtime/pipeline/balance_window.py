@@ -18,7 +18,16 @@ class Setting:
   samples_per_insert: float | None = None
 
 
-UPDATES_PER_WINDOW = 2  # a window holds at least this many updates' worth of rollouts learned
+UPDATES_PER_WINDOW = 2  # a counted window holds at least this many updates' worth of rollouts
+
+
+def holds_evidence(consumed: int, rollouts_per_update: int, learned: int) -> bool:
+  """Whether a window may close: rollouts were learned from in it and, timed between finished
+  updates (`learned` > 0), one update finished in it; counted, two updates' worth were learned
+  (a count read at the tick is off by up to one update). Two updates made a slow learner's
+  windows 10-15 s long (U = 12 at 0.5 s a rollout in the plant), and a timed window has no
+  rounding to pool away."""
+  return consumed > 0 and (learned > 0 or consumed >= UPDATES_PER_WINDOW * rollouts_per_update)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +37,7 @@ class Window:
   learner_idle: float  # the learner waited for data with nothing to compute
   actors_blocked: float  # the active actors waited on tickets (or the learner's inserts)
   actor_rate: float  # rollouts per active actor per second not blocked
-  learner_rate: float  # rollouts learned per busy learner second
+  learner_rate: float  # rollouts learned per busy learner second (timed as `learned` is)
   consumed: int  # rollouts learned from in the window
   lag_mean: float | None  # over those rollouts; None when none was learned
   lag_max: int | None = None
@@ -38,6 +47,7 @@ class Window:
   # carries no count's rounding. 0 where no update finished (or a plant does not time them).
   learned: int = 0
   learned_s: float = 0.0
+  learned_busy_s: float = 0.0  # the learner's busy seconds of those (0 where not timed)
 
   @property
   def timed(self) -> bool:
@@ -52,23 +62,29 @@ class Window:
 
 
 def pooled(windows: list[Window]) -> Window:
-  """Several windows as one: fractions weighted by seconds, lag by rollouts learned."""
+  """Several windows as one: fractions weighted by seconds, lag by rollouts learned, the
+  learner's rate over its busy seconds between finished updates where every window has them."""
   if len(windows) == 1:
     return windows[0]
   secs = sum(w.seconds for w in windows)
   consumed = sum(w.consumed for w in windows)
-  busy = sum(w.seconds * (1 - w.learner_idle) for w in windows)
   lags = [w.lag_max for w in windows if w.lag_max is not None]
   timed = all(w.timed for w in windows)  # else the pooled throughput is the counts'
+  busy_timed = timed and all(w.learned_busy_s > 0 for w in windows)
+  if busy_timed:
+    rate = sum(w.learned for w in windows) / sum(w.learned_busy_s for w in windows)
+  else:
+    rate = consumed / max(sum(w.seconds * (1 - w.learner_idle) for w in windows), 1e-9)
   return Window(
       learner_idle=sum(w.learner_idle * w.seconds for w in windows) / secs,
       actors_blocked=sum(w.actors_blocked * w.seconds for w in windows) / secs,
       actor_rate=sum(w.actor_rate * w.seconds for w in windows) / secs,
-      learner_rate=consumed / max(busy, 1e-9), consumed=consumed,
+      learner_rate=rate, consumed=consumed,
       lag_mean=sum(w.lag_mean * w.consumed for w in windows) / consumed,
       lag_max=max(lags) if lags else None, seconds=secs,
       learned=sum(w.learned for w in windows) if timed else 0,
-      learned_s=sum(w.learned_s for w in windows) if timed else 0.0)
+      learned_s=sum(w.learned_s for w in windows) if timed else 0.0,
+      learned_busy_s=sum(w.learned_busy_s for w in windows) if busy_timed else 0.0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,15 +3,16 @@
 The levers live where they act: the actor gate (which actors may start a rollout), the rate
 controller (U and the in-flight bound F, runtime/pipeline/rate.py), the learner step (the update
 compiled for another U, in the background) and the replay's limiter (the SPI target). A window
-lasts at least `balance_every_s` and until the learner has learned from two updates' worth of
-rollouts, so each one holds evidence; the first starts at the learner's first update (while it
-compiles it is neither idle nor learning). A move of U is applied only once its update is
-compiled and the tickets of a larger U have drained, and the next window starts then.
+lasts at least `balance_every_s` and until an update has finished in it (`holds_evidence`), so
+each one holds evidence; the first starts at the learner's first update (while it compiles it
+is neither idle nor learning). A move of U is applied only once its update is compiled and the
+tickets of a larger U have drained, and the next window starts then.
 
-A window's throughput is timed between finished updates (`LearnerLoop.consumption_mark`):
-at a held setting of a 512,512 learner at U = 6, 1-s windows scattered 3.5-4.9% timed, 7.7-10%
-counted at the tick (BUILD_NOTES). Every window goes to the metrics (`balance_windows`,
-`tools.run_summary --windows`) with the setting it was measured at.
+A window's throughput, and the learner's rate per busy second, are timed between finished
+updates (`LearnerLoop.consumption_mark`): at a held setting of a 512,512 learner at U = 6, 1-s
+windows scattered 3.5-4.9% timed, 7.7-10% counted at the tick (BUILD_NOTES). Every window goes
+to the metrics (`balance_windows`, `tools.run_summary --windows`) with the setting it was
+measured at.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 from absl import logging
 
 from jaxrl_async.runtime.pipeline.balance import BalanceController
-from jaxrl_async.runtime.pipeline.balance_window import UPDATES_PER_WINDOW, Bounds, Setting, Window
+from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting, Window, holds_evidence
 
 
 class ActorGate:
@@ -121,7 +122,12 @@ class Balancer:
     # The supervisor calls every `every_s`, so dt lands on it give or take the scheduler's
     # jitter: a strict bound made every other window two calls long (measured: 1.0 or 2.0 s).
     short = dt < 0.8 * self.every_s
-    if short or consumed < UPDATES_PER_WINDOW * self.rate.rollouts_per_update:
+    learned, learned_s, busy_s = 0, 0.0, 0.0
+    if last["done"] is not None and now["done"] is not None:
+      learned_s, learned, idle_s = (a - b for a, b in zip(now["done"], last["done"], strict=True))
+      learned, learned_s = max(learned, 0), max(learned_s, 0.0)
+      busy_s = max(learned_s - idle_s, 0.0)
+    if short or not holds_evidence(consumed, self.rate.rollouts_per_update, learned):
       return None
     idle = min(max((now["idle"] - last["idle"]) / dt, 0.0), 1.0)
     active = range(min(self.gate.active, len(self.actors)))
@@ -130,15 +136,14 @@ class Balancer:
     paused = sum(now["paused"][i] - last["paused"][i] for i in active)
     working = max(len(active) * dt - blocked - paused, 1e-9)
     lags = [k for k, v in delta.items() if v > 0]
-    learned, learned_s = 0, 0.0
-    if last["done"] is not None and now["done"] is not None:
-      learned_s, learned = (a - b for a, b in zip(now["done"], last["done"], strict=True))
+    timed = learned > 0 and busy_s > 0  # whole updates over the busy seconds between them
     return Window(
         learner_idle=idle, actors_blocked=min(blocked / max(len(active) * dt, 1e-9), 1.0),
-        actor_rate=made / working, learner_rate=consumed / max(dt * (1 - idle), 1e-9),
+        actor_rate=made / working,
+        learner_rate=learned / busy_s if timed else consumed / max(dt * (1 - idle), 1e-9),
         consumed=consumed, lag_mean=sum(k * v for k, v in delta.items()) / consumed,
-        lag_max=max(lags) if lags else None, seconds=dt, learned=max(learned, 0),
-        learned_s=max(learned_s, 0.0))
+        lag_max=max(lags) if lags else None, seconds=dt, learned=learned, learned_s=learned_s,
+        learned_busy_s=busy_s if timed else 0.0)
 
   def step(self, wall_s: float) -> dict[str, Any] | None:
     """One control step: the decision made (as recorded), if any."""
