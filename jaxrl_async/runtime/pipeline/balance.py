@@ -31,22 +31,24 @@ learner busy (consumption is short):
 
 Every move is an experiment judged by the first `judge_windows` windows after it settles,
 pooled (one window at +-5% is too little evidence on a shared host), or twice as many where the
-verdict lies within `rate_cost` of its line; every decision reads the last `judge_windows` at
-the setting in force. A move that cost more than `rate_cost` of the throughput (rollouts
-learned per second), that took it out of `rate_cost` of the best kept since the last replan (so
-small costs do not add up: balance_verdict.py), or that took production away and added more
-than `idle_cost` of learner idle, is undone into a bound for its lever (a floor or ceiling of
-F, U, the active actors; U's ceiling holds for the actors it was found with, since a larger U
-costs with many actors beside the learner and pays with few); a resume or probe that gained
-nothing is undone too. So each experiment is made once (without bounds the lag and idle rules
-would alternate), and where actors share the learner's cores and a larger U costs throughput,
-the judge finds it and actors pause instead. Bounds are forgotten when the learner's rate at a
-held setting (read over enough busy time to time an update by) moves by more than `replan` from
-what it was there before (a second job on the device: balance_rates.py); a move under which the
-learner's rate moved that much is undone unjudged. Throughput is read between finished updates
-where the windows are timed (`Window.timed`), so no count's rounding enters a verdict. A first
-window after a move that lost three times `rate_cost`, and more than its grain, is a verdict on
-its own. Decisions carry their reasons.
+verdict lies within `rate_cost` of its line, or `undo_windows` where it would undo the move,
+read at their median window as the stay before it is (1-s windows dip: balance_verdict.py);
+every decision reads the last `judge_windows` at the setting in force. A move that cost more
+than `rate_cost` of the throughput (rollouts learned per second), that took it out of
+`rate_cost` of the best kept since the last replan (so small costs do not add up:
+balance_verdict.py), or that took production away and added more than `idle_cost` of learner
+idle, is undone into a bound for its lever (a floor or ceiling of F, U, the active actors; U's
+ceiling holds for the actors it was found with, since a larger U costs with many actors beside
+the learner and pays with few); a resume or probe that gained nothing is undone too. So each
+experiment is made once (without bounds the lag and idle rules would alternate), and where
+actors share the learner's cores and a larger U costs throughput, the judge finds it and actors
+pause instead. Bounds are forgotten when the learner's rate at a held setting (read over enough
+busy time to time an update by) moves by more than `replan` from what it was there before (a
+second job on the device: balance_rates.py); a move under which the learner's rate moved that
+much is undone unjudged. Throughput is read between finished updates where the windows are
+timed (`Window.timed`), so no count's rounding enters a verdict. A first window after a move
+that lost five times `rate_cost`, and more than its grain, is a verdict on its own. Decisions
+carry their reasons.
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ from jaxrl_async.runtime.pipeline.balance_verdict import (
   Trial,
   clearly_worse,
   close_call,
+  typical,
   verdict,
+  was,
 )
 from jaxrl_async.runtime.pipeline.balance_window import Bounds, Decision, Setting, Window, pooled
 
@@ -83,7 +87,8 @@ class BalanceController:
     self._ceiling_u: dict[int, int] = {}  # active actors -> the largest U that paid there
     self._watch = RateWatch(bounds.replan)  # the learner's rate, for a changed plant
     self._held: set[str] = set()  # holds already said (they would repeat every window)
-    self._pool: collections.deque = collections.deque(maxlen=2 * bounds.judge_windows)
+    self._pool: collections.deque = collections.deque(
+        maxlen=max(2 * bounds.judge_windows, bounds.undo_windows))
     self._kept = Kept()  # the throughput of each setting kept, for the band a move must hold
 
   def step(self, w: Window) -> Decision | None:
@@ -97,17 +102,17 @@ class BalanceController:
     self._kept.add(w)
     if replan is not None:
       return replan
-    jw, trial, c = self.bounds.judge_windows, self._trial, self.bounds.rate_cost
-    u = self.setting.rollouts_per_update
-    if len(self._pool) < jw and not (trial and clearly_worse(trial, u, w, c)):
+    jw, trial, after = self.bounds.judge_windows, self._trial, list(self._pool)
+    worse = trial is not None and clearly_worse(
+        trial, self.setting.rollouts_per_update, w, self.bounds.rate_cost)
+    if len(after) < jw and not worse:
       return None  # one window at +-5% is too little evidence on a shared host
-    if (trial is not None and len(self._pool) < self._pool.maxlen
-        and close_call(trial, pooled(list(self._pool)), c)):
-      return None  # a verdict within the noise of its line waits for twice the evidence
-    w = pooled(list(self._pool) if trial is not None else list(self._pool)[-jw:])
+    if trial is not None and not worse and self._more_evidence(trial, after):
+      return None
+    w = pooled(after if trial is not None else after[-jw:])
     self._trial = None
     if trial is not None:
-      undo = self._unjudged(trial, w) or self._judge(trial, w)
+      undo = self._unjudged(trial, w) or self._judge(trial, after)
       if undo is not None:
         return undo
     self._kept.keep(self.setting)  # judged and kept, or never moved from
@@ -115,11 +120,22 @@ class BalanceController:
       return self._produce_more(w)
     return self._consume_faster(w)
 
-  def _judge(self, trial: Trial, w: Window) -> Decision | None:
+  def _more_evidence(self, trial: Trial, after: list[Window]) -> bool:
+    """Whether a verdict waits for another window: one within `rate_cost` of its line waits
+    for twice the evidence, and one that would undo the move for `undo_windows` (their median
+    sets a dip aside: balance_verdict.py)."""
+    if len(after) >= self._pool.maxlen:
+      return False
+    if close_call(trial, after, self.bounds.rate_cost):
+      return True
+    return len(after) < self.bounds.undo_windows and verdict(
+        trial, after, self.bounds, self._kept.best(but=self.setting)) is not None
+
+  def _judge(self, trial: Trial, after: list[Window]) -> Decision | None:
     """Undoes the last move if it cost throughput (or gained nothing, for a resume or a
     probe; `balance_verdict.verdict`), and keeps what it learned as a bound."""
-    s, before = self.setting, trial.window
-    why = verdict(trial, w, self.bounds, self._kept.best(but=s))
+    s, w = self.setting, pooled(after)
+    why = verdict(trial, after, self.bounds, self._kept.best(but=s))
     if trial.kind == "probe_active" and why is None:
       self._ceiling_active = s.active_actors  # chosen on purpose: not resumed while it holds
     if trial.kind == "in_flight-" and why is None:
@@ -142,8 +158,7 @@ class BalanceController:
       # A jump's untried steps stay open, unless the throughput fell with the actors (half
       # the hands made about half as much: the hands are the production, none is spare).
       share = s.active_actors / back.active_actors
-      with_hands = trial.kind == "probe_active" and w.throughput <= (
-          (1 + share) / 2 * before.throughput)
+      with_hands = trial.kind == "probe_active" and typical(after) <= (1 + share) / 2 * was(trial)
       self._floor_active = back.active_actors if with_hands else s.active_actors + 1
       bound = f"actors stay >= {self._floor_active}"
     elif trial.kind == "active_actors+":
@@ -337,7 +352,7 @@ class BalanceController:
           setting.rollouts_per_update), setting
     assert 1 <= setting.active_actors <= b.num_actors, setting
     if judged:
-      self._trial = Trial(kind, self.setting, w)
+      self._trial = Trial(kind, self.setting, w, self._kept.stay())
     lever = {"finer": "rollouts_per_update+", "probe_u": "rollouts_per_update+",
              "probe_active": "active_actors-"}.get(kind, kind)
     self.setting = setting

@@ -102,6 +102,7 @@ class Bounds:
   target_blocked: float = 0.15
   settle: int = 1
   judge_windows: int = 2  # windows pooled at a setting before it is judged or acted on
+  undo_windows: int = 3  # windows a verdict that undoes a move reads (balance_verdict.typical)
   idle_cost: float = 0.05  # learner idle a move may add before it is undone
   rate_cost: float = 0.05  # throughput a move may cost before it is undone
   replan: float = 0.5
@@ -109,6 +110,8 @@ class Bounds:
   def __post_init__(self):
     if self.judge_windows < 1:
       raise ValueError(f"judge_windows must be >= 1, got {self.judge_windows}")
+    if self.undo_windows < 1:
+      raise ValueError(f"undo_windows must be >= 1, got {self.undo_windows}")
     if not self.u_choices or min(self.u_choices) < 1:
       raise ValueError(f"u_choices must be positive, got {self.u_choices}")
     if self.max_lag is not None and self.target_lag > self.max_lag:
