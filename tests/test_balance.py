@@ -68,10 +68,49 @@ def test_an_idle_learner_with_blocked_actors_gets_more_tickets_then_a_larger_u()
     assert d.lever == "active_actors-" and f"probing {probe} actors" in d.reason
     d = c.step(window(idle=0.8, blocked=0.05, consumed=consumed))
     assert d.lever == "undo" and c.setting == Setting(2, 4, 4)
-    assert f"actors stay >= {probe + 1}" in d.reason
+    assert f"actors stay >= {probe + 1} at U = 2" in d.reason
+  # 3 actors made 3/4: the hands are the production, so no regroup (it halves them too).
   d = c.step(window(idle=0.8, blocked=0.05))
   assert d.lever == "hold" and "production-bound" in d.reason
   assert c.step(window(idle=0.8, blocked=0.05)) is None and c.setting == Setting(2, 4, 4)
+
+
+def test_where_a_larger_u_and_a_pause_each_cost_both_at_once_are_tried():
+  """The fast learner on this host: at U = 1 with 3 actors (2 tickets) a larger U cost, and so
+  did a pause; 1 actor at U = 4 made the most. Half the hands with twice the tickets is tried,
+  as a rule for actors that wait, then as a probe where they no longer do."""
+  c = controller(u=1, f=2, active=3, num_actors=3)
+  d = c.step(window(idle=0.85, blocked=0.43))
+  assert d.lever == "rollouts_per_update+" and c.setting == Setting(2, 4, 3)
+  d = c.step(window(idle=0.85, blocked=0.17, consumed=17))
+  assert d.lever == "undo" and "U stays <= 1 with 3 actors" in d.reason
+  d = c.step(window(idle=0.85, blocked=0.43))
+  assert d.lever == "active_actors-" and c.setting == Setting(1, 2, 2)
+  d = c.step(window(idle=0.85, blocked=0.14, consumed=17))
+  assert d.lever == "undo" and "actors stay >= 3 at U = 1" in d.reason
+  d = c.step(window(idle=0.85, blocked=0.43))  # each bounded: both at once, judged as a rule
+  assert d.lever == "regroup" and c.setting == Setting(2, 4, 2)
+  assert "U = 2 (F = 4) with 2 actors: half the hands" in d.reason
+  d = c.step(window(idle=0.88, blocked=0.1, consumed=20))  # as much: kept, not resumed away
+  assert d.lever == "rollouts_per_update+" and "probing U = 4" in d.reason
+  assert c.setting == Setting(4, 8, 2)
+  assert c.step(window(idle=0.9, blocked=0.1, consumed=19)).lever == "undo"  # gained nothing
+  d = c.step(window(idle=0.88, blocked=0.1))
+  assert d.lever == "active_actors-" and c.setting == Setting(2, 4, 1)
+  d = c.step(window(idle=0.9, blocked=0.1, consumed=19))
+  assert d.lever == "undo" and "actors stay >= 2 at U = 2" in d.reason
+  d = c.step(window(idle=0.88, blocked=0.1))  # the pause and U = 4 probed: both at once
+  assert d.lever == "regroup" and c.setting == Setting(4, 8, 1) and "probing" in d.reason
+  d = c.step(window(idle=0.9, blocked=0.05, consumed=22))  # +10%: kept, and U = 8 probed
+  assert d.lever == "rollouts_per_update+" and c.setting == Setting(8, 16, 1)
+  # A regroup that cost is undone, and not made again.
+  c = controller(u=1, f=2, active=3, num_actors=3)
+  c.found.ceiling_u[3], c.found.floor_active[1] = 1, 3
+  assert c.step(window(idle=0.85, blocked=0.43)).lever == "regroup"
+  d = c.step(window(idle=0.88, blocked=0.1, consumed=17))
+  assert d.lever == "undo" and "not U = 2 with 2 actors again" in d.reason
+  d = c.step(window(idle=0.85, blocked=0.43))
+  assert d.lever == "hold" and c.setting == Setting(1, 2, 3)
 
 
 def test_a_probe_is_kept_only_if_it_gains_and_is_not_resumed_away():
@@ -167,7 +206,7 @@ def test_a_bound_on_u_holds_for_the_actors_it_was_found_with():
   assert d.lever == "rollouts_per_update+" and c.setting == Setting(2, 4, 3)
   d = c.step(window(idle=0.8, blocked=0.1, consumed=20))  # it cost nothing: kept
   assert d is None or d.lever != "undo"
-  assert c.setting.rollouts_per_update == 2 and c._ceiling_u == {6: 1}
+  assert c.setting.rollouts_per_update == 2 and c.found.ceiling_u == {6: 1}
 
 
 def test_a_pause_jumps_to_the_actors_the_tickets_employ_and_an_undone_jump_floors_above_it():
@@ -265,12 +304,12 @@ def test_bounds_are_forgotten_when_the_plant_changes():
   c = controller(u=2, f=4, active=1, u_choices=(2,))  # nothing to probe
   c.step(window(lag=1.0))  # F 4 -> 3
   c.step(window(idle=0.3, lag=0.5))  # starved: back to 4, floor 4 at U = 2
-  assert c._floor_flight == {2: 4}
+  assert c.found.floor_flight == {2: 4}
   for _ in range(5):  # on target: the learner's rate at this setting
     assert c.step(window(lag=0.4)) is None
   decisions = [c.step(window(lag=0.4, consumed=6, learner_rate=6.0))  # then 3x slower
                for _ in range(5)]  # (a second job on the device)
-  assert c._floor_flight == {}
+  assert c.found.floor_flight == {}
   [replan] = [d for d in decisions if d is not None]
   assert replan.lever == "replan" and replan.setting == c.setting
   assert "moved from 20.0 to 8.8" in replan.reason  # 3 slow windows among the last 5
@@ -280,11 +319,11 @@ def test_a_plant_that_changed_under_a_move_or_between_visits_is_replanned():
   """A move under which the learner's own rate moved is not judged (its throughput says
   nothing about the move); and a setting read again after a move finds a changed learner."""
   c = controller(u=8, f=16)  # U at its largest: the probe is half the actors
-  c._floor_flight[8] = 16  # a bound found so far
+  c.found.floor_flight[8] = 16  # a bound found so far
   assert c.step(window(idle=0.8)).lever == "active_actors-"
   d = c.step(window(idle=0.8, consumed=40, learner_rate=500.0))  # +100%; a learner 5x faster
   assert d.lever == "undo" and "undone unjudged" in d.reason and c.setting.active_actors == 4
-  assert c._floor_flight == {} and c._ceiling_active == 4 and c._floor_active == 1
+  assert c.found.floor_flight == {} and c.found.ceiling_active == 4 and c.found.floor_active == {}
   # A move of U moves the learner's own rate (larger batches): it is judged as ever.
   c = controller(u=1, f=2)
   assert c.step(window(idle=0.8, blocked=0.7)).lever == "rollouts_per_update+"

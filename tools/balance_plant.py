@@ -25,7 +25,15 @@ from typing import Any
 
 from jaxrl_async.config import RateConfig
 from jaxrl_async.runtime.pipeline.balance import BalanceController
-from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting, Window, holds_evidence
+from jaxrl_async.runtime.pipeline.balance_window import (
+  Bounds,
+  Mark,
+  Setting,
+  Window,
+  between_marks,
+  holds_evidence,
+  learner_rate,
+)
 from jaxrl_async.runtime.pipeline.rate import RateController
 
 
@@ -66,7 +74,7 @@ class _Sim:
     self.records: list[dict[str, Any]] = []
     self.moves: list[tuple[float, Any]] = []
     self.max_lag = 0
-    self.done: tuple[float, int] | None = None
+    self.done: Mark | None = None
     self.last = dict(self.counts, lags=0, t=0.0, done=None)
 
   def push(self, t: float, kind: str, *data: Any) -> None:
@@ -120,25 +128,21 @@ class _Sim:
   def window(self, now: float) -> None:
     self.push(now + self.window_s, "window")
     c, last = self.counts, self.last
-    timed = last["done"] is not None and self.done is not None
-    # As the run's balancer: rollouts learned, and the learner's busy seconds (the idle ones
-    # at dispatch are those at the finish), between the finished updates around the window.
-    learned_s, learned, idle_s = ((a - b for a, b in zip(self.done, last["done"], strict=True))
-                                  if timed else (0, 0.0, 0.0))
+    # As the run's balancer: rollouts learned, and the learner's busy seconds, between the
+    # finished updates around the window.
+    learned, learned_s, busy_s = between_marks(self.done, last["done"])
     if not holds_evidence(len(c["lags"]) - last["lags"], self.rate.rollouts_per_update, learned):
       return
     idle_now = c["idle"] + (0.0 if self.busy else now - self.free_since)
     blocked_now = c["blocked"] + sum(now - since for since, kind in self.waiting.values()
                                      if kind == "blocked")
     lags, dt = c["lags"][last["lags"]:], now - last["t"]
-    busy_s = learned_s - idle_s if learned else 0.0
     idle, blocked, n = (idle_now - last["idle"]) / dt, blocked_now - last["blocked"], self.active
     w = Window(learner_idle=idle, actors_blocked=blocked / (n * dt),
                actor_rate=(c["made"] - last["made"]) / max(n * dt - blocked, 1e-9),
-               learner_rate=(learned / busy_s if busy_s > 0 else
-                             len(lags) / max(dt * (1 - idle), 1e-9)), consumed=len(lags),
-               lag_mean=sum(lags) / len(lags), lag_max=max(lags), seconds=dt,
-               learned=learned, learned_s=learned_s, learned_busy_s=max(busy_s, 0.0))
+               learner_rate=learner_rate(learned, busy_s, len(lags), dt, idle),
+               consumed=len(lags), lag_mean=sum(lags) / len(lags), lag_max=max(lags), seconds=dt,
+               learned=learned, learned_s=learned_s, learned_busy_s=busy_s)
     self.records.append({"t": now, "sps": len(lags) / dt, **dataclasses.asdict(w),
                          "setting": dataclasses.asdict(self.control.setting),
                          "in_force": (self.rate.rollouts_per_update, self.rate.in_flight_limit,

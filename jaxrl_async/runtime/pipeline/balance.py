@@ -15,12 +15,14 @@ learner idle over `target_idle` (production is short):
     in flight per version hides that wait, at no more lag); where U may not rise and the actors
     wait more than twice their target, actors pause down to as many as the tickets employ at
     once, in one move (the tickets, not the hands, are short: the others only wait; a spare
-    must then earn its wait as a resume);
+    must then earn its wait as a resume); where a larger U and a pause are each bounded here,
+    both at once: half the actors with the next U (`regroup`);
   - actors do not wait: a paused actor resumes; for replay the SPI target rises;
   - none is paused (actors that wait do so short of the pause's margin): probe a larger U, then
-    half the actors (a probe undone leaves the steps between open), each judged by throughput
-    alone and kept only if it gains (where actors and learner share cores, fewer threads and
-    fewer, larger updates can make more: measured on this 2-core machine);
+    half the actors (a probe undone leaves the steps between open), then both at once, each
+    judged by throughput alone and kept only if it gains (where actors and learner share
+    cores, fewer threads and fewer, larger updates can make more: measured on this 2-core
+    machine);
   - otherwise every lever is at its limit: production-bound (said once).
 learner busy (consumption is short):
   - mean lag over `target_lag`: F falls by one, down to a floor; at the floor U doubles with F
@@ -37,9 +39,9 @@ every decision reads the last `judge_windows` at the setting in force. A move th
 than `rate_cost` of the throughput (rollouts learned per second), that took it out of
 `rate_cost` of the best kept since the last replan (so small costs do not add up:
 balance_verdict.py), or that took production away and added more than `idle_cost` of learner
-idle, is undone into a bound for its lever (a floor or ceiling of F, U, the active actors; U's
-ceiling holds for the actors it was found with, since a larger U costs with many actors beside
-the learner and pays with few); a resume or probe that gained nothing is undone too. So each
+idle, is undone into a bound for its lever (a floor or ceiling of F, U, the active actors; each
+holds for the other lever's value it was found with: balance_bounds.py); a resume or probe that
+gained nothing is undone too. So each
 experiment is made once (without bounds the lag and idle rules would alternate), and where
 actors share the learner's cores and a larger U costs throughput, the judge finds it and actors
 pause instead. Bounds are forgotten when the learner's rate at a held setting (read over enough
@@ -57,6 +59,7 @@ import collections
 import dataclasses
 import math
 
+from jaxrl_async.runtime.pipeline.balance_bounds import Found
 from jaxrl_async.runtime.pipeline.balance_rates import RateWatch
 from jaxrl_async.runtime.pipeline.balance_verdict import (
   Kept,
@@ -79,12 +82,7 @@ class BalanceController:
     self.decisions: list[Decision] = []
     self._settling = 0
     self._trial: Trial | None = None
-    self._floor_flight: dict[int, int] = {}  # U -> the lowest F that kept the learner fed
-    self._ceiling_flight: dict[int, int] = {}  # U -> an F lowered for lag and kept
-    self._no_finer: set[int] = set()  # U values a finer U starved
-    self._floor_active = 1
-    self._ceiling_active = bounds.num_actors
-    self._ceiling_u: dict[int, int] = {}  # active actors -> the largest U that paid there
+    self.found = Found(bounds.num_actors, max(bounds.u_choices))  # the levers' bounds
     self._watch = RateWatch(bounds.replan)  # the learner's rate, for a changed plant
     self._held: set[str] = set()  # holds already said (they would repeat every window)
     self._pool: collections.deque = collections.deque(
@@ -134,36 +132,41 @@ class BalanceController:
   def _judge(self, trial: Trial, after: list[Window]) -> Decision | None:
     """Undoes the last move if it cost throughput (or gained nothing, for a resume or a
     probe; `balance_verdict.verdict`), and keeps what it learned as a bound."""
-    s, w = self.setting, pooled(after)
+    s, w, found = self.setting, pooled(after), self.found
     why = verdict(trial, after, self.bounds, self._kept.best(but=s))
-    if trial.kind == "probe_active" and why is None:
-      self._ceiling_active = s.active_actors  # chosen on purpose: not resumed while it holds
+    if trial.kind in ("probe_active", "regroup", "probe_regroup") and why is None:
+      found.ceiling_active = s.active_actors  # chosen on purpose: not resumed while it holds
     if trial.kind == "in_flight-" and why is None:
       # Kept for lag: the idle rule does not raise it again (with the learner's idle and the
       # lag both at their targets, the two rules took F 5 -> 6 -> 5 every 5 s for 50 s).
-      self._ceiling_flight[s.rollouts_per_update] = s.in_flight
+      found.ceiling_flight[s.rollouts_per_update] = s.in_flight
     if why is None:
       return None
-    back = trial.before
+    back, u = trial.before, s.rollouts_per_update
     if trial.kind == "in_flight-":
-      self._floor_flight[s.rollouts_per_update] = back.in_flight
-      bound = f"F stays >= {back.in_flight} at U = {s.rollouts_per_update}"
+      found.floor_flight[u] = back.in_flight
+      bound = f"F stays >= {back.in_flight} at U = {u}"
     elif trial.kind == "finer":
-      self._no_finer.add(back.rollouts_per_update)
+      found.no_finer.add(back.rollouts_per_update)
       bound = f"U stays {back.rollouts_per_update} for lag"
     elif trial.kind in ("rollouts_per_update+", "probe_u"):
-      self._ceiling_u[back.active_actors] = back.rollouts_per_update
+      found.ceiling_u[back.active_actors] = back.rollouts_per_update
       bound = f"U stays <= {back.rollouts_per_update} with {back.active_actors} actors"
     elif trial.kind in ("active_actors-", "probe_active"):
       # A jump's untried steps stay open, unless the throughput fell with the actors (half
       # the hands made about half as much: the hands are the production, none is spare).
       share = s.active_actors / back.active_actors
       with_hands = trial.kind == "probe_active" and typical(after) <= (1 + share) / 2 * was(trial)
-      self._floor_active = back.active_actors if with_hands else s.active_actors + 1
-      bound = f"actors stay >= {self._floor_active}"
+      found.floor_active[u] = back.active_actors if with_hands else s.active_actors + 1
+      starved = w.learner_idle > trial.window.learner_idle + self.bounds.idle_cost
+      found.hands_produce = found.hands_produce or with_hands or starved
+      bound = f"actors stay >= {found.floor_active[u]} at U = {u}"
     elif trial.kind == "active_actors+":
-      self._ceiling_active = back.active_actors
+      found.ceiling_active = back.active_actors
       bound = f"actors stay <= {back.active_actors}"
+    elif trial.kind in ("regroup", "probe_regroup"):
+      found.no_regroup.add((u, s.active_actors))
+      bound = f"not U = {u} with {s.active_actors} actors again"
     else:
       bound = "not again at this point"
     return self._move(back, "undo", w, f"{why}: undone; {bound}", judged=False)
@@ -173,7 +176,7 @@ class BalanceController:
     idle = f"learner idle {100 * w.learner_idle:.0f}% > {100 * b.target_idle:.0f}%"
     blocked = w.actors_blocked > b.target_blocked
     why_blocked = f"actors blocked {100 * w.actors_blocked:.0f}% > {100 * b.target_blocked:.0f}%"
-    top = self._ceiling_flight.get(s.rollouts_per_update, b.cap(s.rollouts_per_update))
+    top = self.found.ceiling_flight.get(s.rollouts_per_update, b.cap(s.rollouts_per_update))
     if blocked and b.moves_flight and s.in_flight < top:
       f = top
       return self._move(dataclasses.replace(s, in_flight=f), "in_flight+", w,
@@ -187,7 +190,7 @@ class BalanceController:
       if u <= s.rollouts_per_update:  # they do already: the wait is the pipeline's latency
         u = self.bounds.u_finer(s.rollouts_per_update) or u
         why = "more rollouts in flight per version cover the wait for new params"
-      if s.rollouts_per_update < u <= self._u_ceiling():
+      if s.rollouts_per_update < u <= self.found.u_ceiling(s.active_actors):
         return self._move(Setting(u, b.cap(u), s.active_actors, s.samples_per_insert),
                           "rollouts_per_update+", w,
                           f"{idle}, {why_blocked} with F at (K + 1) U: U up to {u}: {why}")
@@ -195,7 +198,8 @@ class BalanceController:
     # many as the tickets employ at once (the others only wait; whether a spare that hides the
     # hand-over is worth its wait, the resume after this finds out); uncapped, the working
     # share and a spare.
-    if w.actors_blocked > max(2 * b.target_blocked, 0.3) and s.active_actors > self._floor_active:
+    waiting = w.actors_blocked > max(2 * b.target_blocked, 0.3)
+    if waiting and s.active_actors > self.found.actors_floor(s.rollouts_per_update):
       if b.moves_flight:
         employ = math.ceil(s.in_flight / b.slots_per_actor)
         n = self._fewer(employ)
@@ -207,7 +211,13 @@ class BalanceController:
       return self._move(dataclasses.replace(s, active_actors=n), "active_actors-", w,
                         f"{idle}, {why_blocked} with U at its limit {s.rollouts_per_update}: "
                         f"the tickets are short, not the hands: {why}")
-    if not blocked and s.active_actors < min(b.num_actors, self._ceiling_active):
+    # Both bounded here (a larger U cost with these actors, a pause cost at this U): both at
+    # once, which neither bound speaks of.
+    regroup = waiting and self._regroup(w, "regroup", f"{idle}, {why_blocked} with U and the "
+                                        "actors each at their bound")
+    if regroup:
+      return regroup
+    if not blocked and s.active_actors < min(b.num_actors, self.found.ceiling_active):
       return self._move(dataclasses.replace(s, active_actors=s.active_actors + 1),
                         "active_actors+", w, f"{idle}, every active actor working: one more")
     spi = self._spi(+1)
@@ -231,13 +241,13 @@ class BalanceController:
     u = s.rollouts_per_update
     if b.moves_flight and w.lag_mean > b.target_lag:
       lag = f"mean lag {w.lag_mean:.2f} > target {b.target_lag:.2f}"
-      floor = max(self._floor_flight.get(u, u), u)
+      floor = max(self.found.floor_flight.get(u, u), u)
       if s.in_flight > floor:
         return self._move(dataclasses.replace(s, in_flight=s.in_flight - 1), "in_flight-", w,
                           f"{lag}, {busy}: F down to {s.in_flight - 1}")
       finer = self.bounds.u_finer(u)
-      if (finer is not None and finer <= self._u_ceiling() and s.in_flight > u
-          and u not in self._no_finer):
+      if (finer is not None and finer <= self.found.u_ceiling(s.active_actors) and s.in_flight > u
+          and u not in self.found.no_finer):
         f = min(2 * s.in_flight - 1, b.cap(finer))
         return self._move(Setting(finer, f, s.active_actors, s.samples_per_insert), "finer", w,
                           f"{lag}, {busy}, F at its floor {s.in_flight}: U up to {finer} with "
@@ -249,7 +259,7 @@ class BalanceController:
     # batch is made by fewer hands once new params exist); so only with the actors mostly
     # waiting and the learner fully fed (idle under a quarter of its target).
     if (w.actors_blocked > max(2 * b.target_blocked, 0.5) and w.learner_idle < b.target_idle / 4
-        and s.active_actors > self._floor_active):
+        and s.active_actors > self.found.actors_floor(u)):
       need = w.learner_rate * (1 + b.idle_cost)
       n = self._fewer(need / max(w.actor_rate, 1e-9) + 1)  # and a spare
       if n * w.actor_rate >= need:
@@ -273,33 +283,50 @@ class BalanceController:
     time took four probes to halve 6) can make more. Each is judged by throughput alone and
     bounded if it costs. With `keep_lag` (a busy learner) F scales with U, so the lag of a
     full pipeline, (F - U) / U, stays; else F is U's cap."""
-    b, s = self.bounds, self.setting
+    b, s, found = self.bounds, self.setting, self.found
     if b.moves_flight:
       u = self.bounds.u_finer(s.rollouts_per_update)
-      if (u is not None and u <= self._u_ceiling()
-          and not (keep_lag and s.rollouts_per_update in self._no_finer)):  # tried for lag
-        f = b.cap(u)
-        if keep_lag:
-          f = min(f, max(u, round(s.in_flight * u / s.rollouts_per_update)))
+      if (u is not None and u <= found.u_ceiling(s.active_actors)
+          and not (keep_lag and s.rollouts_per_update in found.no_finer)):  # tried for lag
+        f = self._flight(u, keep_lag)
         return self._move(Setting(u, f, s.active_actors, s.samples_per_insert), "probe_u", w,
                           f"{why}: probing U = {u} (F = {f})")
-    if s.active_actors > self._floor_active:  # halved: a probe undone bisects what is left
+    if s.active_actors > found.actors_floor(s.rollouts_per_update):  # a probe undone bisects
       n = self._fewer(s.active_actors / 2)
       return self._move(dataclasses.replace(s, active_actors=n), "probe_active", w,
                         f"{why}: probing {n} actors")
-    return None
+    # Both at once, where the learner idles (busy, fewer hands starved the 512,512 learner
+    # beside them in the plant, and a larger U is the lag rule's).
+    return None if keep_lag else self._regroup(w, "probe_regroup", f"{why}: probing")
 
-  def _u_ceiling(self) -> int:
-    """The largest U to try with the actors active now. A U that cost throughput is bounded
-    for that many actors only: what a larger U does turns with the actors beside it (fast
-    learner, this host: U = 3 made 34% less than U = 1 with 6 actors, 5-7% more with 2)."""
-    return self._ceiling_u.get(self.setting.active_actors, max(self.bounds.u_choices))
+  def _regroup(self, w: Window, kind: str, why: str) -> Decision | None:
+    """Half the hands, twice the tickets, in one move: where a larger U is bounded with these
+    actors and fewer actors at this U, neither bound speaks of both at once (tiny learner,
+    this host: U = 2 cost with 3 actors, 2 actors cost at U = 1, and 1 actor at U = 4 made
+    the most of any setting: BUILD_NOTES)."""
+    b, s = self.bounds, self.setting
+    u = b.u_finer(s.rollouts_per_update) if b.moves_flight else None
+    if u is None:
+      return None
+    n = max(math.ceil(s.active_actors / 2), self.found.actors_floor(u))
+    if n >= s.active_actors or not self.found.may_regroup(u, n):
+      return None
+    f = b.cap(u)
+    return self._move(Setting(u, f, n, s.samples_per_insert), kind, w,
+                      f"{why} U = {u} (F = {f}) with {n} actors: half the hands, more tickets")
+
+  def _flight(self, u: int, keep_lag: bool) -> int:
+    """F for a new U: its cap, or with `keep_lag` (a busy learner) F scaled with U, so the lag
+    of a full pipeline, (F - U) / U, stays."""
+    s, top = self.setting, self.bounds.cap(u)
+    return min(top, max(u, round(s.in_flight * u / s.rollouts_per_update))) if keep_lag else top
 
   def _fewer(self, actors: float) -> int:
     """Actors for a pause, in one move (one a window took most of a short run): `actors`
     rounded up; one fewer at least, never under the floor."""
     n = math.ceil(actors - 1e-9)
-    return max(self._floor_active, min(self.setting.active_actors - 1, n))
+    s = self.setting
+    return max(self.found.actors_floor(s.rollouts_per_update), min(s.active_actors - 1, n))
 
   def _spi(self, direction: int) -> float | None:
     return self.bounds.spi_step(self.setting.samples_per_insert, direction)
@@ -338,11 +365,7 @@ class BalanceController:
   def _forget(self) -> None:
     self._watch.forget()
     self._kept.forget()
-    self._floor_flight.clear()
-    self._ceiling_flight.clear()
-    self._no_finer.clear()
-    self._floor_active, self._ceiling_active = 1, self.bounds.num_actors
-    self._ceiling_u.clear()
+    self.found.forget()
 
   def _move(self, setting: Setting, kind: str, w: Window, reason: str,
             judged: bool = True) -> Decision:
@@ -354,7 +377,7 @@ class BalanceController:
     if judged:
       self._trial = Trial(kind, self.setting, w, self._kept.stay())
     lever = {"finer": "rollouts_per_update+", "probe_u": "rollouts_per_update+",
-             "probe_active": "active_actors-"}.get(kind, kind)
+             "probe_active": "active_actors-", "probe_regroup": "regroup"}.get(kind, kind)
     self.setting = setting
     self._settling = b.settle
     self._held.clear()

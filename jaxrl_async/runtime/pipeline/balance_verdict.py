@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting, Window, pooled
 
 TAKES_PRODUCTION = ("in_flight-", "finer", "active_actors-")
-MUST_GAIN = ("active_actors+", "probe_u", "probe_active")  # off the rules' path
+MUST_GAIN = ("active_actors+", "probe_u", "probe_active", "probe_regroup")  # off the rules' path
 STAY_WINDOWS = 8  # the latest windows at a kept setting its throughput is read from
 MEDIAN_FROM = 3  # windows from which a stretch's throughput is its median window's
 

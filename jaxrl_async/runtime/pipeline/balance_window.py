@@ -30,6 +30,30 @@ def holds_evidence(consumed: int, rollouts_per_update: int, learned: int) -> boo
   return consumed > 0 and (learned > 0 or consumed >= UPDATES_PER_WINDOW * rollouts_per_update)
 
 
+Mark = tuple[float, int, float]  # a completion mark: (time, rollouts admitted, learner idle s)
+
+
+def between_marks(now: Mark | None, last: Mark | None) -> tuple[int, float, float]:
+  """(rollouts learned, seconds, learner busy seconds) between the finished updates of two
+  completion marks (`LearnerLoop.consumption_mark`); zeros where either is missing. The idle
+  seconds a mark carries are those at its update's dispatch, which are those at its finish (a
+  computing update is busy time), so the busy seconds between two finishes follow."""
+  if now is None or last is None:
+    return 0, 0.0, 0.0
+  seconds, learned, idle_s = (a - b for a, b in zip(now, last, strict=True))
+  learned, seconds = max(int(learned), 0), max(seconds, 0.0)
+  return learned, seconds, max(seconds - idle_s, 0.0) if learned else 0.0
+
+
+def learner_rate(learned: int, busy_s: float, consumed: int, seconds: float,
+                 idle: float) -> float:
+  """Rollouts learned per busy learner second: whole updates over their busy seconds where
+  timed, else the count over the window's busy share."""
+  if learned > 0 and busy_s > 0:
+    return learned / busy_s
+  return consumed / max(seconds * (1 - idle), 1e-9)
+
+
 @dataclasses.dataclass(frozen=True)
 class Window:
   """One control window's measurements (fractions of its wall time, rates per second)."""

@@ -25,7 +25,14 @@ from typing import Any
 from absl import logging
 
 from jaxrl_async.runtime.pipeline.balance import BalanceController
-from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting, Window, holds_evidence
+from jaxrl_async.runtime.pipeline.balance_window import (
+  Bounds,
+  Setting,
+  Window,
+  between_marks,
+  holds_evidence,
+  learner_rate,
+)
 
 
 class ActorGate:
@@ -122,11 +129,7 @@ class Balancer:
     # The supervisor calls every `every_s`, so dt lands on it give or take the scheduler's
     # jitter: a strict bound made every other window two calls long (measured: 1.0 or 2.0 s).
     short = dt < 0.8 * self.every_s
-    learned, learned_s, busy_s = 0, 0.0, 0.0
-    if last["done"] is not None and now["done"] is not None:
-      learned_s, learned, idle_s = (a - b for a, b in zip(now["done"], last["done"], strict=True))
-      learned, learned_s = max(learned, 0), max(learned_s, 0.0)
-      busy_s = max(learned_s - idle_s, 0.0)
+    learned, learned_s, busy_s = between_marks(now["done"], last["done"])
     if short or not holds_evidence(consumed, self.rate.rollouts_per_update, learned):
       return None
     idle = min(max((now["idle"] - last["idle"]) / dt, 0.0), 1.0)
@@ -136,14 +139,13 @@ class Balancer:
     paused = sum(now["paused"][i] - last["paused"][i] for i in active)
     working = max(len(active) * dt - blocked - paused, 1e-9)
     lags = [k for k, v in delta.items() if v > 0]
-    timed = learned > 0 and busy_s > 0  # whole updates over the busy seconds between them
     return Window(
         learner_idle=idle, actors_blocked=min(blocked / max(len(active) * dt, 1e-9), 1.0),
         actor_rate=made / working,
-        learner_rate=learned / busy_s if timed else consumed / max(dt * (1 - idle), 1e-9),
-        consumed=consumed, lag_mean=sum(k * v for k, v in delta.items()) / consumed,
+        learner_rate=learner_rate(learned, busy_s, consumed, dt, idle), consumed=consumed,
+        lag_mean=sum(k * v for k, v in delta.items()) / consumed,
         lag_max=max(lags) if lags else None, seconds=dt, learned=learned, learned_s=learned_s,
-        learned_busy_s=busy_s if timed else 0.0)
+        learned_busy_s=busy_s)
 
   def step(self, wall_s: float) -> dict[str, Any] | None:
     """One control step: the decision made (as recorded), if any."""
