@@ -453,7 +453,9 @@ def test_balance_grid_judges_auto_against_the_best_and_median_fixed_setting():
   from tools.suites import balance_grid
 
   assert balance_grid.settings(False, False)[-1] == ("auto", 1, 6)
-  assert len(balance_grid.settings(False, False)) == len(balance_grid.GRID_U) * 3 + 1
+  grid = balance_grid.GRID_U, balance_grid.GRID_ACTORS
+  assert len(balance_grid.settings(False, False)) == len(grid[0]) * len(grid[1]) + 1
+  assert 1 in grid[1] and ("off", 3, 1) in balance_grid.settings(True, False)
   row = lambda balance, u, n, sps: {
       "regime": "fast", "balance": balance, "U": u, "actors": n, "sps": sps,
       "actors_blocked": 0.1, "learner_idle": 0.8, "lag_mean": 0.5, "end_u": u, "end_active": n}
