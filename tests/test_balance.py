@@ -109,6 +109,9 @@ def test_where_a_larger_u_and_a_pause_each_cost_both_at_once_are_tried():
   assert c.step(window(idle=0.85, blocked=0.43)).lever == "regroup"
   d = c.step(window(idle=0.88, blocked=0.1, consumed=17))
   assert d.lever == "undo" and "not U = 2 with 2 actors again" in d.reason
+  d = c.step(window(idle=0.85, blocked=0.43))  # fewer still: U = 2 with 1 actor
+  assert d.lever == "regroup" and c.setting == Setting(2, 4, 1)
+  assert c.step(window(idle=0.9, blocked=0.1, consumed=16)).lever == "undo"
   d = c.step(window(idle=0.85, blocked=0.43))
   assert d.lever == "hold" and c.setting == Setting(1, 2, 3)
 

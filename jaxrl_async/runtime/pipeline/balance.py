@@ -300,18 +300,19 @@ class BalanceController:
     return None if keep_lag else self._regroup(w, "probe_regroup", f"{why}: probing")
 
   def _regroup(self, w: Window, kind: str, why: str) -> Decision | None:
-    """Half the hands, twice the tickets, in one move: where a larger U is bounded with these
-    actors and fewer actors at this U, neither bound speaks of both at once (tiny learner,
-    this host: U = 2 cost with 3 actors, 2 actors cost at U = 1, and 1 actor at U = 4 made
-    the most of any setting: BUILD_NOTES)."""
+    """Half the hands (or fewer, where that pair is bounded), more tickets, in one move: where
+    a larger U is bounded with these actors and fewer actors at this U, neither bound speaks
+    of both at once (tiny learner, this host: U = 2 cost with 3 actors, 2 actors cost at
+    U = 1, and 1 actor at U = 4 made the most of any setting: BUILD_NOTES)."""
     b, s = self.bounds, self.setting
     u = b.u_finer(s.rollouts_per_update) if b.moves_flight else None
     if u is None:
       return None
-    n = max(math.ceil(s.active_actors / 2), self.found.actors_floor(u))
-    if n >= s.active_actors or not self.found.may_regroup(u, n):
+    open_n = [n for n in range(min(math.ceil(s.active_actors / 2), s.active_actors - 1),
+                               self.found.actors_floor(u) - 1, -1) if self.found.may_regroup(u, n)]
+    if not open_n:
       return None
-    f = b.cap(u)
+    n, f = open_n[0], b.cap(u)
     return self._move(Setting(u, f, n, s.samples_per_insert), kind, w,
                       f"{why} U = {u} (F = {f}) with {n} actors: half the hands, more tickets")
 
