@@ -41,16 +41,15 @@ than `rate_cost` of the throughput (rollouts learned per second), that took it o
 balance_verdict.py), or that took production away and added more than `idle_cost` of learner
 idle, is undone into a bound for its lever (a floor or ceiling of F, U, the active actors; each
 holds for the other lever's value it was found with: balance_bounds.py); a resume or probe that
-gained nothing is undone too. So each
-experiment is made once (without bounds the lag and idle rules would alternate), and where
-actors share the learner's cores and a larger U costs throughput, the judge finds it and actors
-pause instead. Bounds are forgotten when the learner's rate at a held setting (read over enough
-busy time to time an update by) moves by more than `replan` from what it was there before (a
-second job on the device: balance_rates.py); a move under which the learner's rate moved that
-much is undone unjudged. Throughput is read between finished updates where the windows are
-timed (`Window.timed`), so no count's rounding enters a verdict. A first window after a move
-that lost five times `rate_cost`, and more than its grain, is a verdict on its own. Decisions
-carry their reasons.
+gained nothing is undone too. So each experiment is made once (without bounds the lag and
+idle rules would alternate), and where actors share the learner's cores and a larger U costs
+throughput, the judge finds it and actors pause instead. Bounds are forgotten when the
+learner's rate at a held setting (read over enough busy time to time an update by) moves by
+more than `replan` from what it was there before (a second job on the device:
+balance_rates.py); a move under which the learner's rate moved that much is undone unjudged.
+Throughput is read between finished updates where the windows are timed (`Window.timed`), so
+no count's rounding enters a verdict. A first window after a move that lost five times
+`rate_cost`, and more than its grain, is a verdict on its own. Decisions carry their reasons.
 """
 
 from __future__ import annotations
@@ -214,7 +213,7 @@ class BalanceController:
     # Both bounded here (a larger U cost with these actors, a pause cost at this U): both at
     # once, which neither bound speaks of.
     regroup = waiting and self._regroup(w, "regroup", f"{idle}, {why_blocked} with U and the "
-                                        "actors each at their bound")
+                                        "actors each at their bound: regroup to")
     if regroup:
       return regroup
     if not blocked and s.active_actors < min(b.num_actors, self.found.ceiling_active):
