@@ -65,6 +65,7 @@ from jaxrl_async.runtime.pipeline.balance_verdict import (
   Trial,
   clearly_worse,
   close_call,
+  starved,
   typical,
   verdict,
   was,
@@ -157,8 +158,8 @@ class BalanceController:
       share = s.active_actors / back.active_actors
       with_hands = trial.kind == "probe_active" and typical(after) <= (1 + share) / 2 * was(trial)
       found.floor_active[u] = back.active_actors if with_hands else s.active_actors + 1
-      starved = w.learner_idle > trial.window.learner_idle + self.bounds.idle_cost
-      found.hands_produce = found.hands_produce or with_hands or starved
+      found.hands_produce = (found.hands_produce or with_hands
+                             or starved(trial, w, self.bounds.idle_cost))
       bound = f"actors stay >= {found.floor_active[u]} at U = {u}"
     elif trial.kind == "active_actors+":
       found.ceiling_active = back.active_actors

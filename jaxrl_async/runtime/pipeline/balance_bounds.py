@@ -42,10 +42,10 @@ class Found:
     return self.ceiling_u.get(actors, self.max_u)
 
   def may_regroup(self, u: int, actors: int) -> bool:
-    """Whether (U, actors), a regroup's target, is open: no bound found rules it out."""
+    """Whether (U, actors), a regroup's target, is open: no bound found rules it out (the
+    actors' floor at U the caller counts down to)."""
     return (not self.hands_produce and (u, actors) not in self.no_regroup
-            and u <= self.u_ceiling(actors)
-            and actors >= self.actors_floor(u))
+            and u <= self.u_ceiling(actors))
 
   def forget(self) -> None:
     """A replan: every bound was the old plant's."""

@@ -79,6 +79,11 @@ def close_call(trial: Trial, after: Sequence[Window], rate_cost: float) -> bool:
   return abs(typical(after) / max(was(trial), 1e-9) - line) < rate_cost
 
 
+def starved(trial: Trial, w: Window, idle_cost: float) -> bool:
+  """Whether the learner idled more than `idle_cost` more after the move than before it."""
+  return w.learner_idle > max(trial.window.learner_idle, 0.0) + idle_cost
+
+
 def verdict(trial: Trial, after: Sequence[Window], bounds: Bounds,
             best: tuple[Setting, tuple[Window, ...]] | None) -> str | None:
   """Why the move is undone, or None where it is kept."""
@@ -90,7 +95,7 @@ def verdict(trial: Trial, after: Sequence[Window], bounds: Bounds,
   else:
     cost = now < (1 - c) * before
     if trial.kind in TAKES_PRODUCTION and now <= before:
-      cost = cost or w.learner_idle > max(idle_before, 0.0) + bounds.idle_cost
+      cost = cost or starved(trial, w, bounds.idle_cost)
   if cost:
     return (f"throughput {now:.1f} rollouts/s (was {before:.1f}), learner idle "
             f"{100 * w.learner_idle:.0f}% (was {100 * idle_before:.0f}%) after {trial.kind}")
