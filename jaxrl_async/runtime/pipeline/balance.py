@@ -20,9 +20,9 @@ learner idle over `target_idle` (production is short):
   - actors do not wait: a paused actor resumes; for replay the SPI target rises;
   - none is paused (actors that wait do so short of the pause's margin): probe a larger U, then
     half the actors (a probe undone leaves the steps between open), then both at once, each
-    judged by throughput alone and kept only if it gains (where actors and learner share
-    cores, fewer threads and fewer, larger updates can make more: measured on this 2-core
-    machine);
+    judged by throughput alone and kept only if it gains (balance_probes.py: where actors and
+    learner share cores, fewer threads and fewer, larger updates can make more, measured on
+    this 2-core machine);
   - otherwise every lever is at its limit: production-bound (said once).
 learner busy (consumption is short):
   - mean lag over `target_lag`: F falls by one, down to a floor; at the floor U doubles with F
@@ -58,6 +58,7 @@ import collections
 import dataclasses
 import math
 
+from jaxrl_async.runtime.pipeline import balance_probes as probes
 from jaxrl_async.runtime.pipeline.balance_bounds import Found
 from jaxrl_async.runtime.pipeline.balance_rates import RateWatch
 from jaxrl_async.runtime.pipeline.balance_verdict import (
@@ -278,56 +279,16 @@ class BalanceController:
     return self._probe(w, busy, keep_lag=True)
 
   def _probe(self, w: Window, why: str, keep_lag: bool = False) -> Decision | None:
-    """Production-bound with every actor working: where actors share cores with the learner,
-    a larger U (fewer, larger updates) or half the actors (fewer runnable threads; one at a
-    time took four probes to halve 6) can make more. Each is judged by throughput alone and
-    bounded if it costs. With `keep_lag` (a busy learner) F scales with U, so the lag of a
-    full pipeline, (F - U) / U, stays; else F is U's cap."""
-    b, s, found = self.bounds, self.setting, self.found
-    if b.moves_flight:
-      u = self.bounds.u_finer(s.rollouts_per_update)
-      if (u is not None and u <= found.u_ceiling(s.active_actors)
-          and not (keep_lag and s.rollouts_per_update in found.no_finer)):  # tried for lag
-        f = self._flight(u, keep_lag)
-        return self._move(Setting(u, f, s.active_actors, s.samples_per_insert), "probe_u", w,
-                          f"{why}: probing U = {u} (F = {f})")
-    if s.active_actors > found.actors_floor(s.rollouts_per_update):  # a probe undone bisects
-      n = self._fewer(s.active_actors / 2)
-      return self._move(dataclasses.replace(s, active_actors=n), "probe_active", w,
-                        f"{why}: probing {n} actors")
-    # Both at once, where the learner idles (busy, fewer hands starved the 512,512 learner
-    # beside them in the plant, and a larger U is the lag rule's).
-    return None if keep_lag else self._regroup(w, "probe_regroup", f"{why}: probing")
+    return self._propose(probes.probe(self.bounds, self.setting, self.found, why, keep_lag), w)
 
   def _regroup(self, w: Window, kind: str, why: str) -> Decision | None:
-    """Half the hands (or fewer, where that pair is bounded), more tickets, in one move: where
-    a larger U is bounded with these actors and fewer actors at this U, neither bound speaks
-    of both at once (tiny learner, this host: U = 2 cost with 3 actors, 2 actors cost at
-    U = 1, and 1 actor at U = 4 made the most of any setting: BUILD_NOTES)."""
-    b, s = self.bounds, self.setting
-    u = b.u_finer(s.rollouts_per_update) if b.moves_flight else None
-    if u is None:
-      return None
-    open_n = [n for n in range(min(math.ceil(s.active_actors / 2), s.active_actors - 1),
-                               self.found.actors_floor(u) - 1, -1) if self.found.may_regroup(u, n)]
-    if not open_n:
-      return None
-    n, f = open_n[0], b.cap(u)
-    return self._move(Setting(u, f, n, s.samples_per_insert), kind, w,
-                      f"{why} U = {u} (F = {f}) with {n} actors: half the hands, more tickets")
+    return self._propose(probes.regroup(self.bounds, self.setting, self.found, kind, why), w)
 
-  def _flight(self, u: int, keep_lag: bool) -> int:
-    """F for a new U: its cap, or with `keep_lag` (a busy learner) F scaled with U, so the lag
-    of a full pipeline, (F - U) / U, stays."""
-    s, top = self.setting, self.bounds.cap(u)
-    return min(top, max(u, round(s.in_flight * u / s.rollouts_per_update))) if keep_lag else top
+  def _propose(self, p: probes.Proposal | None, w: Window) -> Decision | None:
+    return None if p is None else self._move(p.setting, p.kind, w, p.reason)
 
   def _fewer(self, actors: float) -> int:
-    """Actors for a pause, in one move (one a window took most of a short run): `actors`
-    rounded up; one fewer at least, never under the floor."""
-    n = math.ceil(actors - 1e-9)
-    s = self.setting
-    return max(self.found.actors_floor(s.rollouts_per_update), min(s.active_actors - 1, n))
+    return probes.fewer(self.found, self.setting, actors)
 
   def _spi(self, direction: int) -> float | None:
     return self.bounds.spi_step(self.setting.samples_per_insert, direction)
