@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, Protocol
 
 from jaxrl_async.algos.base import Rollout
 from jaxrl_async.metrics import Counters
+from jaxrl_async.runtime.pipeline.balance_window import Mark
 from jaxrl_async.runtime.pipeline.queue import QueueClosed, RolloutQueue
 from jaxrl_async.runtime.pipeline.rate import RateController
 
@@ -61,7 +62,7 @@ class Completions:
     self._lock = threading.Lock()
     self._pending = 0
     self._done_at: float | None = None  # when the newest finished
-    self._last: tuple[float, int, float] | None = None  # (when, *its mark): the newest finished
+    self._last: Mark | None = None  # (when, *its mark): the newest finished
     self._closed = threading.Event()
     self._thread = threading.Thread(target=self._run, name="learner-completions", daemon=True)
     self._thread.start()
@@ -71,7 +72,7 @@ class Completions:
       self._pending += 1
     self._flags.put((flag, mark))
 
-  def last(self) -> tuple[float, int, float] | None:
+  def last(self) -> Mark | None:
     """(perf_counter time, *mark) of the newest finished update; None before the first."""
     with self._lock:
       return self._last
@@ -186,7 +187,7 @@ class LearnerLoop:
   def extra_metrics(self) -> dict[str, Any]:
     return self.step.extra_metrics(self.timers.idle_s)
 
-  def consumption_mark(self) -> tuple[float, int, float] | None:
+  def consumption_mark(self) -> Mark | None:
     """(perf_counter time, rollouts admitted by then, idle seconds by then) at the newest
     finished update."""
     completions = self._completions

@@ -41,12 +41,14 @@ than `rate_cost` of the throughput (rollouts learned per second), that took it o
 balance_verdict.py), or that took production away and added more than `idle_cost` of learner
 idle, is undone into a bound for its lever (a floor or ceiling of F, U, the active actors; each
 holds for the other lever's value it was found with: balance_bounds.py); a resume or probe that
-gained nothing is undone too. So each experiment is made once (without bounds the lag and
-idle rules would alternate), and where actors share the learner's cores and a larger U costs
-throughput, the judge finds it and actors pause instead. Bounds are forgotten when the
-learner's rate at a held setting (read over enough busy time to time an update by) moves by
-more than `replan` from what it was there before (a second job on the device:
-balance_rates.py); a move under which the learner's rate moved that much is undone unjudged.
+gained nothing is undone too. An undo comes with the next move from the setting it restores,
+made on the windows read there before the undone move (`_then`). So each experiment is made
+once (without bounds the lag and idle rules would alternate), and where actors share the
+learner's cores and a larger U costs throughput, the judge finds it and actors pause instead.
+Bounds are forgotten when the learner's rate at a held setting (read over enough busy time to
+time an update by) moves by more than `replan` from what it was there before (a second job on
+the device: balance_rates.py); a move under which the learner's rate moved that much is undone
+unjudged.
 Throughput is read between finished updates where the windows are timed (`Window.timed`), so
 no count's rounding enters a verdict. A first window after a move that lost five times
 `rate_cost`, and more than its grain, is a verdict on its own. Decisions carry their reasons.
@@ -111,13 +113,29 @@ class BalanceController:
     w = pooled(after if trial is not None else after[-jw:])
     self._trial = None
     if trial is not None:
-      undo = self._unjudged(trial, w) or self._judge(trial, after)
+      unjudged = self._unjudged(trial, w)
+      if unjudged is not None:
+        return unjudged
+      undo = self._judge(trial, after)
       if undo is not None:
-        return undo
+        return self._then(trial, undo)
     self._kept.keep(self.setting)  # judged and kept, or never moved from
+    return self._decide(w)
+
+  def _decide(self, w: Window) -> Decision | None:
     if w.learner_idle > self.bounds.target_idle:
       return self._produce_more(w)
     return self._consume_faster(w)
+
+  def _then(self, trial: Trial, undo: Decision) -> Decision:
+    """After an undo, the next move from the setting restored, at once, on the evidence read
+    there before the move (its stay and the windows that decided the move): read again, it
+    cost `settle` + `judge_windows` windows per undo, and a walk undoes 5 of 17 moves (tiny
+    learner, this host: the walk ended at 50-76 s of a 90-s run). Both decisions are kept;
+    the next is returned (its setting is the one to apply)."""
+    self._kept.restore(trial.stay)
+    nxt = self._decide(trial.window)
+    return nxt if nxt is not None and nxt.lever != "hold" else undo
 
   def _more_evidence(self, trial: Trial, after: list[Window]) -> bool:
     """Whether a verdict waits for another window: one within `rate_cost` of its line waits
@@ -159,8 +177,8 @@ class BalanceController:
       share = s.active_actors / back.active_actors
       with_hands = trial.kind == "probe_active" and typical(after) <= (1 + share) / 2 * was(trial)
       found.floor_active[u] = back.active_actors if with_hands else s.active_actors + 1
-      found.hands_produce = (found.hands_produce or with_hands
-                             or starved(trial, w, self.bounds.idle_cost))
+      if with_hands or starved(trial, w, self.bounds.idle_cost):
+        found.hands[u] = max(found.hands.get(u, 0), back.active_actors)
       bound = f"actors stay >= {found.floor_active[u]} at U = {u}"
     elif trial.kind == "active_actors+":
       found.ceiling_active = back.active_actors

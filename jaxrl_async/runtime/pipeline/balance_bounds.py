@@ -26,9 +26,10 @@ class Found:
   ceiling_active: int = 0  # the most actors a resume may reach (0: all of them)
   ceiling_u: dict[int, int] = dataclasses.field(default_factory=dict)  # actors -> largest U
   no_regroup: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # (U, actors)
-  # A pause found the hands to be the production (it lost about its share of the throughput,
-  # or starved the learner): a regroup, which halves them too, is not tried.
-  hands_produce: bool = False
+  # U -> the actors a pause found to be the production there (fewer lost about their share of
+  # the throughput, or starved the learner): a regroup, which halves the hands too, goes to no
+  # fewer at that U or a larger one (more rollouts per update need no fewer hands).
+  hands: dict[int, int] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     self.ceiling_active = self.ceiling_active or self.num_actors
@@ -44,8 +45,8 @@ class Found:
   def may_regroup(self, u: int, actors: int) -> bool:
     """Whether (U, actors), a regroup's target, is open: no bound found rules it out (the
     actors' floor at U the caller counts down to)."""
-    return (not self.hands_produce and (u, actors) not in self.no_regroup
-            and u <= self.u_ceiling(actors))
+    return ((u, actors) not in self.no_regroup and u <= self.u_ceiling(actors)
+            and all(actors >= n for v, n in self.hands.items() if v <= u))
 
   def forget(self) -> None:
     """A replan: every bound was the old plant's."""
