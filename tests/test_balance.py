@@ -354,9 +354,16 @@ def test_a_plant_that_changed_under_a_move_or_between_visits_is_replanned():
   c = controller(u=8, f=16)  # U at its largest: the probe is half the actors
   c.found.floor_flight[8] = 16  # a bound found so far
   assert c.step(window(idle=0.8)).lever == "active_actors-"
-  d = c.step(window(idle=0.8, consumed=40, learner_rate=500.0))  # +100%; a learner 5x faster
+  d = c.step(window(idle=0.8, consumed=10, learner_rate=20.0))  # -50%; a learner 5x slower
   assert d.lever == "undo" and "undone unjudged" in d.reason and c.setting.active_actors == 4
   assert c.found.floor_flight == {} and c.found.ceiling_active == 4 and c.found.floor_active == {}
+  # Fewer actors beside the learner on its cores make it faster themselves (tiny learner, this
+  # host: 1 actor in place of 2, 54-56% faster, undid two probes unjudged): judged as ever.
+  c = controller(u=8, f=16)
+  assert c.step(window(idle=0.8)).lever == "active_actors-"
+  d = c.step(window(idle=0.85, consumed=26, learner_rate=170.0))  # +30%: kept, and on
+  assert d.lever == "active_actors-" and c.setting.active_actors == 1
+  assert [x.lever for x in c.decisions] == ["active_actors-", "active_actors-"]
   # A move of U moves the learner's own rate (larger batches): it is judged as ever.
   c = controller(u=1, f=2)
   assert c.step(window(idle=0.8, blocked=0.7)).lever == "rollouts_per_update+"

@@ -330,12 +330,18 @@ class BalanceController:
     the plant changed (in the simulated plant, a probe of 3 actors made while a slow learner
     recovered read as a 75% gain and was kept). It is undone, and the bounds are forgotten.
     Not for a move of U or of the SPI target, which move that rate themselves (tiny learner,
-    this host: 692 rollouts per busy second at U = 1, 1683 at U = 3)."""
+    this host: 692 rollouts per busy second at U = 1, 1683 at U = 3), nor for fewer actors
+    and a faster learner (or more and a slower one): actors beside the learner on its cores
+    move it themselves (this host: 1 actor in place of 2 made it 54-56% faster, and two such
+    probes were undone unjudged, which forgot every bound and restarted the walk)."""
     b, s = trial.before, self.setting
     if (b.rollouts_per_update != s.rollouts_per_update
         or b.samples_per_insert != s.samples_per_insert
         or not self._watch.differs(trial.window, w)):
       return None
+    fewer, faster = s.active_actors < b.active_actors, w.learner_rate > trial.window.learner_rate
+    if s.active_actors != b.active_actors and fewer == faster:
+      return None  # the move's own effect, where actors share the learner's cores
     self._forget()
     return self._move(trial.before, "undo", w, f"the learner's rate moved from "
                       f"{trial.window.learner_rate:.1f} to {w.learner_rate:.1f} rollouts per "
