@@ -150,11 +150,9 @@ class _Sim:
     self.last = dict(c, lags=len(c["lags"]), t=now, idle=idle_now, blocked=blocked_now,
                      done=self.done)
     if self.auto and not self.pending and self.rate.pending_rollouts_per_update is None:
-      made = len(self.control.decisions)
       decision = self.control.step(w)
       if decision is not None and decision.lever != "hold":
-        # An undo and the next move from there come in one step: both are moves.
-        self.moves += [(now, d) for d in self.control.decisions[made:] if d.lever != "hold"]
+        self.moves.append((now, decision))
         self.apply(decision.setting, now)
 
   def run(self, horizon: float) -> None:

@@ -41,10 +41,9 @@ than `rate_cost` of the throughput (rollouts learned per second), that took it o
 balance_verdict.py), or that took production away and added more than `idle_cost` of learner
 idle, is undone into a bound for its lever (a floor or ceiling of F, U, the active actors; each
 holds for the other lever's value it was found with: balance_bounds.py); a resume or probe that
-gained nothing is undone too. An undo comes with the next move from the setting it restores,
-made on the windows read there before the undone move (`_then`). So each experiment is made
-once (without bounds the lag and idle rules would alternate), and where actors share the
-learner's cores and a larger U costs throughput, the judge finds it and actors pause instead.
+gained nothing is undone too. So each experiment is made once (without bounds the lag and
+idle rules would alternate), and where actors share the learner's cores and a larger U costs
+throughput, the judge finds it and actors pause instead.
 Bounds are forgotten when the learner's rate at a held setting (read over enough busy time to
 time an update by) moves by more than `replan` from what it was there before (a second job on
 the device: balance_rates.py); a move under which the learner's rate moved that much is undone
@@ -113,29 +112,13 @@ class BalanceController:
     w = pooled(after if trial is not None else after[-jw:])
     self._trial = None
     if trial is not None:
-      unjudged = self._unjudged(trial, w)
-      if unjudged is not None:
-        return unjudged
-      undo = self._judge(trial, after)
+      undo = self._unjudged(trial, w) or self._judge(trial, after)
       if undo is not None:
-        return self._then(trial, undo)
+        return undo
     self._kept.keep(self.setting)  # judged and kept, or never moved from
-    return self._decide(w)
-
-  def _decide(self, w: Window) -> Decision | None:
     if w.learner_idle > self.bounds.target_idle:
       return self._produce_more(w)
     return self._consume_faster(w)
-
-  def _then(self, trial: Trial, undo: Decision) -> Decision:
-    """After an undo, the next move from the setting restored, at once, on the evidence read
-    there before the move (its stay and the windows that decided the move): read again, it
-    cost `settle` + `judge_windows` windows per undo, and a walk undoes 5 of 17 moves (tiny
-    learner, this host: the walk ended at 50-76 s of a 90-s run). Both decisions are kept;
-    the next is returned (its setting is the one to apply)."""
-    self._kept.restore(trial.stay)
-    nxt = self._decide(trial.window)
-    return nxt if nxt is not None and nxt.lever != "hold" else undo
 
   def _more_evidence(self, trial: Trial, after: list[Window]) -> bool:
     """Whether a verdict waits for another window: one within `rate_cost` of its line waits
@@ -330,18 +313,18 @@ class BalanceController:
     the plant changed (in the simulated plant, a probe of 3 actors made while a slow learner
     recovered read as a 75% gain and was kept). It is undone, and the bounds are forgotten.
     Not for a move of U or of the SPI target, which move that rate themselves (tiny learner,
-    this host: 692 rollouts per busy second at U = 1, 1683 at U = 3), nor for fewer actors
-    and a faster learner (or more and a slower one): actors beside the learner on its cores
-    move it themselves (this host: 1 actor in place of 2 made it 54-56% faster, and two such
-    probes were undone unjudged, which forgot every bound and restarted the walk)."""
+    this host: 692 rollouts per busy second at U = 1, 1683 at U = 3). A move of the actors
+    moves it too where they share the learner's cores, by up to their share: with one thread
+    an actor and one for the learner, sharing alike, N actors in place of n make the learner
+    up to (n + 1) / (N + 1) as fast (this host: 1 actor in place of 2 made it 54-56% faster,
+    3/2 by that count, and two such probes were undone unjudged, which forgot every bound and
+    restarted the walk); a move beyond that share and `replan` is the plant's."""
     b, s = trial.before, self.setting
+    share = (b.active_actors + 1) / (s.active_actors + 1)
     if (b.rollouts_per_update != s.rollouts_per_update
         or b.samples_per_insert != s.samples_per_insert
-        or not self._watch.differs(trial.window, w)):
+        or not self._watch.differs(trial.window, w, explained=share)):
       return None
-    fewer, faster = s.active_actors < b.active_actors, w.learner_rate > trial.window.learner_rate
-    if s.active_actors != b.active_actors and fewer == faster:
-      return None  # the move's own effect, where actors share the learner's cores
     self._forget()
     return self._move(trial.before, "undo", w, f"the learner's rate moved from "
                       f"{trial.window.learner_rate:.1f} to {w.learner_rate:.1f} rollouts per "

@@ -7,8 +7,9 @@ lever does turns with the other: with the tiny learner on this host, U = 3 made 
 U = 1 with 6 actors and 5-7% more with 2; and a pause from 3 actors to 2 cost 6-11% at U = 1
 (two tickets: the third actor hides the hand-over at each new version) where 1 actor at U = 4
 made the most of any setting (BUILD_NOTES). So U's ceiling is kept per number of actors, the
-actors' floor per U, and a joint move (`regroup`: half the hands, twice the tickets) per the
-setting it went to."""
+actors' floor per U, a joint move (`regroup`: half the hands, twice the tickets) per the
+setting it went to, and the hands a pause found to be the production per U (they bound the
+regroups to that U and above)."""
 
 from __future__ import annotations
 

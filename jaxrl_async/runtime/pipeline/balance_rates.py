@@ -48,10 +48,14 @@ class RateWatch:
       return known, rate
     return None
 
-  def differs(self, before: Window, after: Window) -> bool:
-    """Whether the learner's rate moved by more than `replan` from one window to another."""
+  def differs(self, before: Window, after: Window, explained: float = 1.0) -> bool:
+    """Whether the learner's rate moved by more than `replan` from one window to another,
+    beyond a factor `explained` the move itself accounts for (between 1 and it is no move)."""
     was = before.learner_rate
-    return was > 0 and abs(after.learner_rate - was) > self.replan * was
+    if was <= 0:
+      return False
+    lo, hi = min(1.0, explained), max(1.0, explained)
+    return not lo * (1 - self.replan) <= after.learner_rate / was <= hi * (1 + self.replan)
 
   def moved_setting(self) -> None:
     """The windows after a move are another setting's: read afresh."""

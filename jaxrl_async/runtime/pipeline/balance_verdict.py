@@ -136,11 +136,6 @@ class Kept:
     others = [(s, ws) for s, ws in self._kept.items() if s != but]
     return max(others, key=lambda sw: typical(sw[1])) if others else None
 
-  def restore(self, stay: tuple[Window, ...]) -> None:
-    """Back at a setting by an undo: its stay is the one read there before the move."""
-    self._stay.clear()
-    self._stay.extend(stay)
-
   def moved(self) -> None:
     self._stay.clear()
 

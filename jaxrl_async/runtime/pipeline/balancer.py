@@ -161,18 +161,15 @@ class Balancer:
     self._mark = now
     self._windows.append({"wall_s": round(wall_s, 3), **dataclasses.asdict(self.setting),
                           **_rounded(window)})
-    made = len(self.control.decisions)
     decision = self.control.step(window)
     if decision is None:
       return None
-    # An undo and the next move from there come in one step (balance.py, `_then`): each is
-    # recorded, the last one's setting applied.
-    for d in self.control.decisions[made:]:
-      record = {"wall_s": wall_s, "lever": d.lever, "reason": d.reason,
-                **dataclasses.asdict(d.setting), "window": _rounded(d.window)}  # the evidence
-      self.decisions.append(record)
-      self._unlogged.append(record)
-      logging.info("balance: %s", d.reason)
+    record = {"wall_s": wall_s, "lever": decision.lever, "reason": decision.reason,
+              **dataclasses.asdict(decision.setting),
+              "window": _rounded(decision.window)}  # the pooled evidence
+    self.decisions.append(record)
+    self._unlogged.append(record)
+    logging.info("balance: %s", decision.reason)
     self._apply(decision.setting)
     return record
 
