@@ -43,11 +43,11 @@ idle, is undone into a bound for its lever (a floor or ceiling of F, U, the acti
 holds for the other lever's value it was found with: balance_bounds.py); a resume or probe that
 gained nothing is undone too. So each experiment is made once (without bounds the lag and
 idle rules would alternate), and where actors share the learner's cores and a larger U costs
-throughput, the judge finds it and actors pause instead.
-Bounds are forgotten when the learner's rate at a held setting (read over enough busy time to
-time an update by) moves by more than `replan` from what it was there before (a second job on
-the device: balance_rates.py); a move under which the learner's rate moved that much is undone
-unjudged.
+throughput, the judge finds it and actors pause instead. Bounds are forgotten when the
+learner's rate at a held setting (read over enough busy time to time an update by) moves by
+more than `replan` from what it was there before (a second job on the device:
+balance_rates.py); a move under which the learner's rate moved that much, past what the move
+itself explains, is undone unjudged (`_unjudged`).
 Throughput is read between finished updates where the windows are timed (`Window.timed`), so
 no count's rounding enters a verdict. A first window after a move that lost five times
 `rate_cost`, and more than its grain, is a verdict on its own. Decisions carry their reasons.
