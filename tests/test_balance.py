@@ -152,6 +152,38 @@ def test_a_probe_is_kept_only_if_it_gains_and_is_not_resumed_away():
   assert c.step(window(idle=0.8)).lever == "hold"
 
 
+def test_a_busy_learners_probe_of_fewer_actors_is_kept_on_a_tie_but_not_on_a_cost():
+  """The learner sets the pace: half the actors that make as much are kept (a spare), not
+  held to a gain; a probe that costs more than half of `rate_cost`, or idles the learner, is
+  undone as ever."""
+  c = controller(u=8, f=16)  # U at its largest: the probe is half the actors
+  d = c.step(window(idle=0.0, lag=0.4))
+  assert d.lever == "active_actors-" and c._trial.kind == "probe_spare"
+  assert c.setting.active_actors == 2 and "probing 2 actors" in d.reason
+  assert c.step(window(idle=0.0, lag=0.3, consumed=20)) is None  # a tie: a close call waits
+  d = c.step(window(idle=0.0, lag=0.3, consumed=20))  # then kept, and half again probed
+  assert d.lever == "active_actors-" and c.setting.active_actors == 1
+  c.step(window(idle=0.0, lag=0.3, consumed=19))  # -5%: twice the evidence, then undone
+  d = c.step(window(idle=0.0, lag=0.3, consumed=19))
+  assert d.lever == "undo" and c.setting.active_actors == 2 and "probe_spare" in d.reason
+  assert c.step(window(idle=0.0, lag=0.3)) is None  # 2 is the floor: nothing left to probe
+  c = controller(u=8, f=16)
+  c.step(window(idle=0.0, lag=0.4))
+  d = c.step(window(idle=0.1, lag=0.3, consumed=20))  # as much, but the learner idles 10%
+  assert d is None
+  d = c.step(window(idle=0.1, lag=0.3, consumed=20))
+  assert d.lever == "undo" and c.setting.active_actors == 4
+
+
+def test_the_next_u_doubles_up_to_the_largest_allowed():
+  """U = 4 of 1-6 goes to 6, not 5 (a quarter more rarely reads a gain); a hole in the
+  choices (U must divide the minibatches) takes the next allowed."""
+  b = Bounds(num_actors=6, max_lag=1, u_choices=(1, 2, 3, 4, 5, 6))
+  assert [b.u_finer(u) for u in (1, 2, 3, 4, 5, 6)] == [2, 4, 6, 6, 6, None]
+  b = Bounds(num_actors=6, max_lag=1, u_choices=(1, 3, 5, 6, 9))
+  assert [b.u_finer(u) for u in (1, 3, 5, 6, 9)] == [3, 6, 9, 9, None]
+
+
 def test_async_actors_want_two_slots_each():
   bounds = Bounds(num_actors=4, max_lag=1, u_choices=(1, 2, 3, 4), slots_per_actor=2, settle=0,
                   judge_windows=1, undo_windows=1)

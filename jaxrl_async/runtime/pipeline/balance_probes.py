@@ -18,7 +18,7 @@ from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting
 @dataclasses.dataclass(frozen=True)
 class Proposal:
   setting: Setting
-  kind: str  # the trial's kind (balance_verdict.MUST_GAIN holds the probes')
+  kind: str  # the trial's kind (balance_verdict.MUST_GAIN and SPARE hold the probes')
   reason: str
 
 
@@ -44,8 +44,10 @@ def probe(b: Bounds, s: Setting, found: Found, why: str, keep_lag: bool) -> Prop
                       f"{why}: probing U = {u} (F = {f})")
   if s.active_actors > found.actors_floor(s.rollouts_per_update):
     n = fewer(found, s, s.active_actors / 2)
-    return Proposal(dataclasses.replace(s, active_actors=n), "probe_active",
-                    f"{why}: probing {n} actors")
+    # With the learner busy, fewer actors that make as much are kept (a spare: see
+    # balance_verdict.SPARE); with it idle, production is short and they must gain.
+    return Proposal(dataclasses.replace(s, active_actors=n),
+                    "probe_spare" if keep_lag else "probe_active", f"{why}: probing {n} actors")
   # Both at once, where the learner idles (busy, fewer hands starved the 512,512 learner
   # beside them in the plant, and a larger U is the lag rule's).
   return None if keep_lag else regroup(b, s, found, "probe_regroup", f"{why}: probing")

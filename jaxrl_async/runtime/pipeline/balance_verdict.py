@@ -27,6 +27,11 @@ from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting, Window,
 
 TAKES_PRODUCTION = ("in_flight-", "finer", "active_actors-")
 MUST_GAIN = ("active_actors+", "probe_u", "probe_active", "probe_regroup")  # off the rules' path
+# A busy learner's probe of fewer actors: kept on a tie (within half of `rate_cost`), for fewer
+# threads beside a learner that sets the pace cost nothing it needs and free what they shared.
+# Held to a gain, 512,512 on this host kept 4-6 actors where fixed runs of 2-3 made 5-13% more:
+# the probe's few windows read +1.7% and -1.6% (BUILD_NOTES).
+SPARE = ("probe_spare",)
 STAY_WINDOWS = 8  # the latest windows at a kept setting its throughput is read from
 MEDIAN_FROM = 3  # windows from which a stretch's throughput is its median window's
 
@@ -75,8 +80,14 @@ def close_call(trial: Trial, after: Sequence[Window], rate_cost: float) -> bool:
   """Whether the throughput since the move lies within `rate_cost` of its verdict's line (a
   4-s throughput moves by 3% (sd) at a fixed setting on this host, so a 2-window verdict
   near the line is a coin toss)."""
-  line = 1 + rate_cost / 2 if trial.kind in MUST_GAIN else 1 - rate_cost
-  return abs(typical(after) / max(was(trial), 1e-9) - line) < rate_cost
+  return abs(typical(after) / max(was(trial), 1e-9) - line(trial.kind, rate_cost)) < rate_cost
+
+
+def line(kind: str, rate_cost: float) -> float:
+  """The share of the throughput before a move of `kind` that keeps it: a gain off the rules'
+  path, a tie for a spare, else at most `rate_cost` lost."""
+  return 1 + rate_cost / 2 if kind in MUST_GAIN else 1 - rate_cost / 2 if kind in SPARE else (
+      1 - rate_cost)
 
 
 def starved(trial: Trial, w: Window, idle_cost: float) -> bool:
@@ -89,21 +100,17 @@ def verdict(trial: Trial, after: Sequence[Window], bounds: Bounds,
   """Why the move is undone, or None where it is kept."""
   now, before, c = typical(after), was(trial), bounds.rate_cost
   w, idle_before = pooled(list(after)), trial.window.learner_idle
-  if trial.kind in MUST_GAIN:
-    # Off the rules' path (a resume, a probe), the status quo wins unless the move gains.
-    cost = now < (1 + c / 2) * before
-  else:
-    cost = now < (1 - c) * before
-    if trial.kind in TAKES_PRODUCTION and now <= before:
-      cost = cost or starved(trial, w, bounds.idle_cost)
+  cost = now < line(trial.kind, c) * before
+  if trial.kind in TAKES_PRODUCTION + SPARE and now <= before:
+    cost = cost or starved(trial, w, bounds.idle_cost)
   if cost:
     return (f"throughput {now:.1f} rollouts/s (was {before:.1f}), learner idle "
             f"{100 * w.learner_idle:.0f}% (was {100 * idle_before:.0f}%) after {trial.kind}")
   if best is None:
     return None
   at, kept = best
-  line = (1 - c) * typical(kept)
-  if before >= line > now:  # out of the band (not where it was out already)
+  band = (1 - c) * typical(kept)
+  if before >= band > now:  # out of the band (not where it was out already)
     return (f"throughput {now:.1f} rollouts/s after {trial.kind} (was {before:.1f}), under "
             f"{100 * (1 - c):.0f}% of the best kept since the last replan, "
             f"{typical(kept):.1f} at U = {at.rollouts_per_update}, F = {at.in_flight}, "

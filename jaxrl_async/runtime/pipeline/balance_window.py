@@ -157,11 +157,16 @@ class Bounds:
     return max(self.u_choices)
 
   def u_finer(self, u: int) -> int | None:
-    """2U if allowed (else the next allowed above U); None above the largest."""
+    """2U if allowed, the largest allowed where 2U is beyond it, else the next allowed above
+    U; None above the largest. Not U + 1 below the top: a step of a quarter rarely reads the
+    gain a probe must make, and (K + 1) U tickets that do not divide among the actors waste
+    some (512,512, this host, choices 1-6: U = 5 after 4 was undone on 2 of 4 seeds, which
+    then held U = 4; the seeds that went 3 -> 6 ended at the best fixed setting's U)."""
     above = sorted(c for c in self.u_choices if c > u)
     if not above:
       return None
-    return 2 * u if 2 * u in above else above[0]
+    double = min(2 * u, above[-1])
+    return double if double in above else above[0]
 
   def spi_step(self, spi: float | None, direction: int) -> float | None:
     """The SPI target one step up (+1) or down (-1) within its band; None at an edge (or
