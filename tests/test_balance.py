@@ -98,7 +98,7 @@ def test_where_a_larger_u_and_a_pause_each_cost_both_at_once_are_tried():
   assert c.step(window(idle=0.9, blocked=0.1, consumed=19)).lever == "undo"  # gained nothing
   d = c.step(window(idle=0.88, blocked=0.1))
   assert d.lever == "active_actors-" and c.setting == Setting(2, 4, 1)
-  d = c.step(window(idle=0.9, blocked=0.1, consumed=19))
+  d = c.step(window(idle=0.9, blocked=0.1, consumed=18))  # -10% (fewer actors may tie)
   assert d.lever == "undo" and "actors stay >= 2 at U = 2" in d.reason
   d = c.step(window(idle=0.88, blocked=0.1))  # the pause and U = 4 probed: both at once
   assert d.lever == "regroup" and c.setting == Setting(4, 8, 1) and "probing" in d.reason
@@ -140,7 +140,12 @@ def test_a_probe_is_kept_only_if_it_gains_and_is_not_resumed_away():
   c = controller(u=8, f=16)
   c.step(window(idle=0.8))
   assert c.step(window(idle=0.8, consumed=20)) is None  # the same throughput: a close call
-  d = c.step(window(idle=0.8, consumed=20))  # twice the evidence: the status quo wins
+  d = c.step(window(idle=0.8, consumed=20))  # twice the evidence: a tie, the 2 are kept
+  assert d.lever == "active_actors-" and c.setting.active_actors == 1
+  c = controller(u=8, f=16)
+  c.step(window(idle=0.8))
+  assert c.step(window(idle=0.8, consumed=19)) is None  # -5%: a close call
+  d = c.step(window(idle=0.8, consumed=19))  # twice the evidence: a cost, undone
   assert d.lever == "undo" and c.setting.active_actors == 4 and "actors stay >= 3" in d.reason
   d = c.step(window(idle=0.8))  # the step the halving skipped
   assert d.lever == "active_actors-" and c.setting.active_actors == 3
@@ -152,20 +157,20 @@ def test_a_probe_is_kept_only_if_it_gains_and_is_not_resumed_away():
   assert c.step(window(idle=0.8)).lever == "hold"
 
 
-def test_a_busy_learners_probe_of_fewer_actors_is_kept_on_a_tie_but_not_on_a_cost():
-  """The learner sets the pace: half the actors that make as much are kept (a spare), not
-  held to a gain; a probe that costs more than half of `rate_cost`, or idles the learner, is
-  undone as ever."""
+def test_a_probe_of_fewer_actors_is_kept_on_a_tie_but_not_on_a_cost():
+  """Half the actors that make as much are kept (those spared only added threads and lag),
+  not held to a gain; a probe that costs more than half of `rate_cost`, or idles the learner,
+  is undone as ever. A busy learner here; the idle side is in the test above."""
   c = controller(u=8, f=16)  # U at its largest: the probe is half the actors
   d = c.step(window(idle=0.0, lag=0.4))
-  assert d.lever == "active_actors-" and c._trial.kind == "probe_spare"
+  assert d.lever == "active_actors-" and c._trial.kind == "probe_active"
   assert c.setting.active_actors == 2 and "probing 2 actors" in d.reason
   assert c.step(window(idle=0.0, lag=0.3, consumed=20)) is None  # a tie: a close call waits
   d = c.step(window(idle=0.0, lag=0.3, consumed=20))  # then kept, and half again probed
   assert d.lever == "active_actors-" and c.setting.active_actors == 1
   c.step(window(idle=0.0, lag=0.3, consumed=19))  # -5%: twice the evidence, then undone
   d = c.step(window(idle=0.0, lag=0.3, consumed=19))
-  assert d.lever == "undo" and c.setting.active_actors == 2 and "probe_spare" in d.reason
+  assert d.lever == "undo" and c.setting.active_actors == 2 and "probe_active" in d.reason
   assert c.step(window(idle=0.0, lag=0.3)) is None  # 2 is the floor: nothing left to probe
   c = controller(u=8, f=16)
   c.step(window(idle=0.0, lag=0.4))

@@ -20,18 +20,18 @@ learner idle over `target_idle` (production is short):
   - actors do not wait: a paused actor resumes; for replay the SPI target rises;
   - none is paused (actors that wait do so short of the pause's margin): probe a larger U, then
     half the actors (a probe undone leaves the steps between open), then both at once, each
-    judged by throughput alone and kept only if it gains (balance_probes.py: where actors and
-    learner share cores, fewer threads and fewer, larger updates can make more, measured on
-    this 2-core machine);
+    judged by throughput alone and kept only if it gains, or for half the actors if they make
+    as much (those spared only added threads and lag: balance_verdict.SPARE; balance_probes.py:
+    where actors and learner share cores, fewer threads and fewer, larger updates can make
+    more, measured on this 2-core machine);
   - otherwise every lever is at its limit: production-bound (said once).
 learner busy (consumption is short):
   - mean lag over `target_lag`: F falls by one, down to a floor; at the floor U doubles with F
     at 2F - 1, which halves the lag step (the lag of a full pipeline is (F - U) / U versions);
   - actors mostly blocked with the learner fully fed: actors pause down to what makes what it
     takes, and a spare; for replay, actors blocked over `target_blocked`: the SPI target falls;
-  - otherwise the operating point, unless the probes find more (a larger U, at the same lag);
-    half the actors are kept here if they make as much, not only if they gain: fewer threads
-    beside a learner that sets the pace cost nothing it needs (a spare, balance_verdict.SPARE).
+  - otherwise the operating point, unless the probes find more (a larger U, half the actors),
+    at the same lag.
 
 Every move is an experiment judged by the first `judge_windows` windows after it settles,
 pooled (one window at +-5% is too little evidence on a shared host), or twice as many where the
@@ -138,7 +138,7 @@ class BalanceController:
     probe; `balance_verdict.verdict`), and keeps what it learned as a bound."""
     s, w, found = self.setting, pooled(after), self.found
     why = verdict(trial, after, self.bounds, self._kept.best(but=s))
-    if trial.kind in ("probe_active", "probe_spare", "regroup", "probe_regroup") and why is None:
+    if trial.kind in ("probe_active", "regroup", "probe_regroup") and why is None:
       found.ceiling_active = s.active_actors  # chosen on purpose: not resumed while it holds
     if trial.kind == "in_flight-" and why is None:
       # Kept for lag: the idle rule does not raise it again (with the learner's idle and the
@@ -156,7 +156,7 @@ class BalanceController:
     elif trial.kind in ("rollouts_per_update+", "probe_u"):
       found.ceiling_u[back.active_actors] = back.rollouts_per_update
       bound = f"U stays <= {back.rollouts_per_update} with {back.active_actors} actors"
-    elif trial.kind in ("active_actors-", "probe_active", "probe_spare"):
+    elif trial.kind in ("active_actors-", "probe_active"):
       # A jump's untried steps stay open, unless the throughput fell with the actors (half
       # the hands made about half as much: the hands are the production, none is spare).
       share = s.active_actors / back.active_actors
@@ -349,8 +349,7 @@ class BalanceController:
     if judged:
       self._trial = Trial(kind, self.setting, w, self._kept.stay())
     lever = {"finer": "rollouts_per_update+", "probe_u": "rollouts_per_update+",
-             "probe_active": "active_actors-", "probe_spare": "active_actors-",
-             "probe_regroup": "regroup"}.get(kind, kind)
+             "probe_active": "active_actors-", "probe_regroup": "regroup"}.get(kind, kind)
     self.setting = setting
     self._settling = b.settle
     self._held.clear()

@@ -44,10 +44,9 @@ def probe(b: Bounds, s: Setting, found: Found, why: str, keep_lag: bool) -> Prop
                       f"{why}: probing U = {u} (F = {f})")
   if s.active_actors > found.actors_floor(s.rollouts_per_update):
     n = fewer(found, s, s.active_actors / 2)
-    # With the learner busy, fewer actors that make as much are kept (a spare: see
-    # balance_verdict.SPARE); with it idle, production is short and they must gain.
-    return Proposal(dataclasses.replace(s, active_actors=n),
-                    "probe_spare" if keep_lag else "probe_active", f"{why}: probing {n} actors")
+    # Kept where they make as much, not only where they gain (balance_verdict.SPARE).
+    return Proposal(dataclasses.replace(s, active_actors=n), "probe_active",
+                    f"{why}: probing {n} actors")
   # Both at once, where the learner idles (busy, fewer hands starved the 512,512 learner
   # beside them in the plant, and a larger U is the lag rule's).
   return None if keep_lag else regroup(b, s, found, "probe_regroup", f"{why}: probing")

@@ -26,12 +26,13 @@ from collections.abc import Sequence
 from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting, Window, pooled
 
 TAKES_PRODUCTION = ("in_flight-", "finer", "active_actors-")
-MUST_GAIN = ("active_actors+", "probe_u", "probe_active", "probe_regroup")  # off the rules' path
-# A busy learner's probe of fewer actors: kept on a tie (within half of `rate_cost`), for fewer
-# threads beside a learner that sets the pace cost nothing it needs and free what they shared.
-# Held to a gain, 512,512 on this host kept 4-6 actors where fixed runs of 2-3 made 5-13% more:
-# the probe's few windows read +1.7% and -1.6% (BUILD_NOTES).
-SPARE = ("probe_spare",)
+MUST_GAIN = ("active_actors+", "probe_u", "probe_regroup")  # off the rules' path
+# A probe of fewer actors: kept on a tie (within half of `rate_cost`, the learner idling no
+# more than `idle_cost` more), for actors that make nothing the learner takes are spare: they
+# only add threads, tickets held and lag. Held to a gain, 512,512 on this host kept 4-6 actors
+# where fixed runs of 2-3 made 5-13% more: the probes read +1.7%, -1.6%, +2.3% and 0% (the
+# learner idled 20-25% at the best fixed settings, so on either side of `target_idle`).
+SPARE = ("probe_active",)
 STAY_WINDOWS = 8  # the latest windows at a kept setting its throughput is read from
 MEDIAN_FROM = 3  # windows from which a stretch's throughput is its median window's
 
