@@ -128,7 +128,7 @@ def test_hands_found_at_a_u_bound_the_regroups_to_it_and_above():
   assert found.hands == {} and found.may_regroup(2, 3)
 
 
-def test_a_probe_is_kept_only_if_it_gains_and_is_not_resumed_away():
+def test_a_probe_is_kept_if_it_gains_or_spares_actors_and_is_not_resumed_away():
   c = controller(u=8, f=16)  # U at its largest: the probe is half the actors
   assert c.step(window(idle=0.8)).lever == "active_actors-" and c.setting.active_actors == 2
   assert c.step(window(idle=0.85, consumed=22)).lever == "active_actors-"  # +10%: kept; next

@@ -43,13 +43,13 @@ than `rate_cost` of the throughput (rollouts learned per second), that took it o
 balance_verdict.py), or that took production away and added more than `idle_cost` of learner
 idle, is undone into a bound for its lever (a floor or ceiling of F, U, the active actors; each
 holds for the other lever's value it was found with: balance_bounds.py); a resume or probe that
-gained nothing is undone too. So each experiment is made once (without bounds the lag and
-idle rules would alternate), and where actors share the learner's cores and a larger U costs
-throughput, the judge finds it and actors pause instead. Bounds are forgotten when the
-learner's rate at a held setting (read over enough busy time to time an update by) moves by
-more than `replan` from what it was there before (a second job on the device:
-balance_rates.py); a move under which the learner's rate moved that much, past what the move
-itself explains, is undone unjudged (`_unjudged`).
+gained nothing is undone too (a probe of fewer actors only if it lost). So each experiment is
+made once (without bounds the lag and idle rules would alternate), and where actors share the
+learner's cores and a larger U costs throughput, the judge finds it and actors pause instead.
+Bounds are forgotten when the learner's rate at a held setting (read over enough busy time to
+time an update by) moves by more than `replan` from what it was there before (a second job on
+the device: balance_rates.py); a move under which the learner's rate moved that much, past
+what the move itself explains, is undone unjudged (`_unjudged`).
 Throughput is read between finished updates where the windows are timed (`Window.timed`), so
 no count's rounding enters a verdict. A first window after a move that lost five times
 `rate_cost`, and more than its grain, is a verdict on its own. Decisions carry their reasons.
