@@ -27,11 +27,13 @@ from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting, Window,
 
 TAKES_PRODUCTION = ("in_flight-", "finer", "active_actors-")
 MUST_GAIN = ("active_actors+", "probe_u", "probe_regroup")  # off the rules' path
-# A probe of fewer actors: kept on a tie (within half of `rate_cost`, the learner idling no
-# more than `idle_cost` more), for actors that make nothing the learner takes are spare: they
-# only add threads, tickets held and lag. Held to a gain, 512,512 on this host kept 4-6 actors
-# where fixed runs of 2-3 made 5-13% more: the probes read +1.7%, -1.6%, +2.3% and 0% (the
-# learner idled 20-25% at the best fixed settings, so on either side of `target_idle`).
+# A probe of fewer actors: kept on a tie (within half of `rate_cost`), for actors that make
+# nothing the learner takes are spare: they only add threads, tickets held and lag. Held to a
+# gain, 512,512 on this host kept 4-6 actors where fixed runs of 2-3 made 5-13% more: the
+# probes read +1.7%, -1.6%, +2.3% and 0% (the learner idled 20-25% at the best fixed
+# settings, so on either side of `target_idle`). By the throughput alone, as every probe:
+# beside fewer threads the learner runs faster, so it idles more at the same throughput (a
+# tie of -2% read idle 19% -> 26% and was undone as starved).
 SPARE = ("probe_active",)
 STAY_WINDOWS = 8  # the latest windows at a kept setting its throughput is read from
 MEDIAN_FROM = 3  # windows from which a stretch's throughput is its median window's
@@ -102,7 +104,7 @@ def verdict(trial: Trial, after: Sequence[Window], bounds: Bounds,
   now, before, c = typical(after), was(trial), bounds.rate_cost
   w, idle_before = pooled(list(after)), trial.window.learner_idle
   cost = now < line(trial.kind, c) * before
-  if trial.kind in TAKES_PRODUCTION + SPARE and now <= before:
+  if trial.kind in TAKES_PRODUCTION and now <= before:
     cost = cost or starved(trial, w, bounds.idle_cost)
   if cost:
     return (f"throughput {now:.1f} rollouts/s (was {before:.1f}), learner idle "
