@@ -160,8 +160,7 @@ class BalanceController:
       # A jump's untried steps stay open, unless the throughput fell with the actors (half
       # the hands made about half as much: the hands are the production, none is spare).
       share = s.active_actors / back.active_actors
-      with_hands = (trial.kind != "active_actors-"
-                    and typical(after) <= (1 + share) / 2 * was(trial))
+      with_hands = trial.kind == "probe_active" and typical(after) <= (1 + share) / 2 * was(trial)
       found.floor_active[u] = back.active_actors if with_hands else s.active_actors + 1
       if with_hands or starved(trial, w, self.bounds.idle_cost):
         found.hands[u] = max(found.hands.get(u, 0), back.active_actors)

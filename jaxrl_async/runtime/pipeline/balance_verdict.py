@@ -89,8 +89,9 @@ def close_call(trial: Trial, after: Sequence[Window], rate_cost: float) -> bool:
 def line(kind: str, rate_cost: float) -> float:
   """The share of the throughput before a move of `kind` that keeps it: a gain off the rules'
   path, a tie for a spare, else at most `rate_cost` lost."""
-  return 1 + rate_cost / 2 if kind in MUST_GAIN else 1 - rate_cost / 2 if kind in SPARE else (
-      1 - rate_cost)
+  if kind in MUST_GAIN:
+    return 1 + rate_cost / 2
+  return 1 - rate_cost / 2 if kind in SPARE else 1 - rate_cost
 
 
 def starved(trial: Trial, w: Window, idle_cost: float) -> bool:
