@@ -17,7 +17,14 @@ from jaxrl_async.runtime.learners.on_policy import OnPolicyStep
 from jaxrl_async.runtime.learners.spi_limiter import SampleToInsertRatio
 from jaxrl_async.runtime.pipeline.balance import BalanceController
 from jaxrl_async.runtime.pipeline.balance_bounds import Found
-from jaxrl_async.runtime.pipeline.balance_verdict import Trial, grain, verdict
+from jaxrl_async.runtime.pipeline.balance_verdict import (
+  STAY_WINDOWS,
+  Kept,
+  Trial,
+  grain,
+  typical,
+  verdict,
+)
 from jaxrl_async.runtime.pipeline.balance_window import (
   Bounds,
   Setting,
@@ -240,6 +247,37 @@ def test_small_costs_do_not_add_up_past_the_best_kept():
   assert verdict(trial, [window(consumed=90)], c.bounds, best) is None  # 0.97 of the one before
   trial = Trial("rollouts_per_update+", Setting(2, 4, 3), window(consumed=96))
   assert "best kept" in verdict(trial, [window(consumed=93)], c.bounds, best)
+
+
+def test_a_settings_throughput_is_read_over_all_its_stays():
+  """A setting returned to by an undo stays a few windows before the next move; its throughput
+  is read over its earlier stays too, so one short stay's dip is not the line the next move is
+  held to (fast learner, this host: U = 1 with 6 actors made 145, 144, then 138 rollouts/s in
+  three stays; two moves that each cost 3% of the one before ended at 0.91 of it)."""
+  kept, a, bounds = Kept(), Setting(1, 2, 6), controller().bounds
+  for c in (145, 144, 146):
+    kept.add(window(consumed=c))
+  kept.keep(a)
+  kept.keep(a)  # kept at two decisions of one stay: its windows count once
+  assert [w.consumed for w in kept.stay(a)] == [145, 144, 146]
+  kept.moved()  # a move, undone: back at `a` for a short stay that dipped
+  assert kept.stay(a) == ()  # not kept in this stay yet
+  for c in (138, 137, 139):
+    kept.add(window(consumed=c))
+  kept.keep(a)
+  assert typical(kept.stay(a)) == 141.5  # the median of both stays' six windows
+  after = [window(consumed=133)] * 3
+  assert verdict(Trial("active_actors-", a, window(consumed=138), kept.stay(a)), after,
+                 bounds, None) is not None  # 6% under both stays: undone
+  last = tuple(window(consumed=c) for c in (138, 137, 139))
+  assert verdict(Trial("active_actors-", a, window(consumed=138), last), after,
+                 bounds, None) is None  # 4% under the last stay alone: it would be kept
+  for c in range(150, 156):  # at most the latest STAY_WINDOWS, over the stays
+    kept.add(window(consumed=c))
+  kept.keep(a)
+  assert [w.consumed for w in kept.stay(a)] == [137, 139, *range(150, 156)][-STAY_WINDOWS:]
+  kept.forget()
+  assert kept.stay(a) == () and kept.best(but=Setting(2, 4, 6)) is None
 
 
 def test_a_bound_on_u_holds_for_the_actors_it_was_found_with():

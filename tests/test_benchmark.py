@@ -464,6 +464,7 @@ def test_balance_grid_judges_auto_against_the_best_and_median_fixed_setting():
   [v] = balance_grid.verdicts(rows)
   assert v["best_fixed"] == "U=1 N=6" and v["auto_vs_best"] == pytest.approx(0.9)
   assert v["median_fixed_sps"] == 20.0 and v["settled_vs_best"] is None
+  assert v["best_unblocked"] == "U=1 N=6" and v["unblocked_vs_best"] == 1.0
   # A second seed: each setting is judged by its mean, so U=6 N=6 (20, 36: 28) is not best.
   rows += [row("off", 1, 6, 34.0), row("off", 6, 6, 36.0), row("off", 3, 2, 10.0),
            row("auto", 1, 6, 29.0) | {"sps_settled": 31.0}]
@@ -471,6 +472,12 @@ def test_balance_grid_judges_auto_against_the_best_and_median_fixed_setting():
   assert v["seeds"] == 2 and v["best_fixed"] == "U=1 N=6" and v["best_sps"] == 32.0
   assert v["auto_vs_best"] == pytest.approx(28 / 32)
   assert v["settled_vs_best"] == pytest.approx(31 / 32)
+  # Where the best setting's actors mostly wait, the best under the blocked line is named.
+  rows = [r | {"actors_blocked": 0.7} if r.get("U") == 1 and r["balance"] == "off" else r
+          for r in rows]
+  [v] = balance_grid.verdicts(rows)
+  assert v["best_fixed"] == "U=1 N=6" and v["best_unblocked"] == "U=6 N=6"
+  assert v["unblocked_vs_best"] == pytest.approx(28 / 32)
   assert "auto against the fixed settings" in balance_grid.tables(rows)
 
 

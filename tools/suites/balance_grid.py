@@ -19,7 +19,9 @@ Regimes ($JAXRL_BENCH_TASKS, comma separated; default both CPU ones):
 - `breakout`: the breakout_impala preset, for a GPU host (on a CPU it only shows the tool runs).
 
 Verdicts per regime: auto's SPS over the best fixed setting's, its blocked and idle fractions,
-its lag and drops, beside the issue's thresholds.
+its lag and drops, beside the issue's thresholds; and the best fixed setting whose actors are
+blocked under 25%, over the best (`unblocked_vs_best`): where that is under 0.95, no fixed
+setting meets both halves of the fast pair on the host.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ REGIMES: dict[str, tuple[str, str, dict[str, Any]]] = {
     # move U there too (algos/schedule.py).
     "breakout": ("breakout_impala", "Breakout-v5 (GPU host)", {}),
 }
+# The fast regime's blocked line (issue 18): auto's actors blocked under it, its SPS >= 0.95 of
+# the best fixed setting's. `best_unblocked` is the best fixed setting under it, for on a host
+# where waiting actors cost nothing the best setting may be far over it (BUILD_NOTES).
+FAST_BLOCKED = 0.25
 GRID_U = (1, 3, 6)
 # One actor too: with the tiny learner on this host it made the most of any setting at U = 4
 # (BUILD_NOTES), for its env threads use both cores and no other actor's compete.
@@ -165,6 +171,9 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if not fixed:
       continue
     best = max(fixed, key=fixed.get)
+    # The fast pair asks for both: where no fixed setting is both, the host sets them apart.
+    calm = [k for k in fixed if (_mean(groups[k], "actors_blocked") or 0.0) < FAST_BLOCKED]
+    calm_best = max(calm, key=fixed.get) if calm else None
     for autos in (g for key, g in groups.items() if key[0] == "auto"):
       auto_sps, settled_sps = _mean(autos, "sps"), _mean(autos, "sps_settled")
       lags = [r["policy_lag_max"] for r in autos if r.get("policy_lag_max") is not None]
@@ -174,6 +183,8 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
           "auto_vs_best": auto_sps / fixed[best],
           "settled_vs_best": settled_sps / fixed[best] if settled_sps else None,
           "median_fixed_sps": statistics.median(fixed.values()),
+          "best_unblocked": f"U={calm_best[1]} N={calm_best[2]}" if calm_best else None,
+          "unblocked_vs_best": fixed[calm_best] / fixed[best] if calm_best else None,
           "auto_blocked": _mean(autos, "actors_blocked"),
           "auto_idle": _mean(autos, "learner_idle"), "auto_lag_mean": _mean(autos, "lag_mean"),
           "auto_max_lag": max(lags) if lags else None,
@@ -197,6 +208,7 @@ def tables(rows: list[dict[str, Any]]) -> str:
           + "\n\n## auto against the fixed settings\n\n"
           + md_table(verdicts(rows), ["regime", "seeds", "auto_sps", "best_fixed", "best_sps",
                                       "auto_vs_best", "settled_vs_best", "median_fixed_sps",
+                                      "best_unblocked", "unblocked_vs_best",
                                       "auto_blocked", "auto_idle", "auto_lag_mean",
                                       "auto_max_lag", "auto_dropped", "auto_end",
                                       "auto_settled_s"]))

@@ -217,10 +217,10 @@ class BalanceController:
                         f"the tickets are short, not the hands: {why}")
     # Both bounded here (a larger U cost with these actors, a pause cost at this U): both at
     # once, which neither bound speaks of.
-    regroup = waiting and self._regroup(w, "regroup", f"{idle}, {why_blocked} with U and the "
-                                        "actors each at their bound: regroup to")
-    if regroup:
-      return regroup
+    regroup = probes.regroup(b, s, self.found, "regroup", f"{idle}, {why_blocked} with U and "
+                             "the actors each at their bound: regroup to") if waiting else None
+    if regroup is not None:
+      return self._propose(regroup, w)
     if not blocked and s.active_actors < min(b.num_actors, self.found.ceiling_active):
       return self._move(dataclasses.replace(s, active_actors=s.active_actors + 1),
                         "active_actors+", w, f"{idle}, every active actor working: one more")
@@ -284,9 +284,6 @@ class BalanceController:
   def _probe(self, w: Window, why: str, keep_lag: bool = False) -> Decision | None:
     return self._propose(probes.probe(self.bounds, self.setting, self.found, why, keep_lag), w)
 
-  def _regroup(self, w: Window, kind: str, why: str) -> Decision | None:
-    return self._propose(probes.regroup(self.bounds, self.setting, self.found, kind, why), w)
-
   def _propose(self, p: probes.Proposal | None, w: Window) -> Decision | None:
     return None if p is None else self._move(p.setting, p.kind, w, p.reason)
 
@@ -346,7 +343,7 @@ class BalanceController:
           setting.rollouts_per_update), setting
     assert 1 <= setting.active_actors <= b.num_actors, setting
     if judged:
-      self._trial = Trial(kind, self.setting, w, self._kept.stay())
+      self._trial = Trial(kind, self.setting, w, self._kept.stay(self.setting))
     lever = {"finer": "rollouts_per_update+", "probe_u": "rollouts_per_update+",
              "probe_active": "active_actors-", "probe_regroup": "regroup"}.get(kind, kind)
     self.setting = setting
