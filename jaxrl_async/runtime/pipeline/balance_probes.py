@@ -12,7 +12,7 @@ import dataclasses
 import math
 
 from jaxrl_async.runtime.pipeline.balance_bounds import Found
-from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting
+from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting, Window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +20,14 @@ class Proposal:
   setting: Setting
   kind: str  # the trial's kind (balance_verdict.MUST_GAIN and SPARE hold the probes')
   reason: str
+
+
+def employed(b: Bounds, s: Setting, w: Window) -> int:
+  """The actors at work at once: as many as the tickets employ where F is a lever, else the
+  working share of the window (`w`, measured at `s`)."""
+  if b.moves_flight:
+    return math.ceil(s.in_flight / b.slots_per_actor)
+  return math.ceil(s.active_actors * (1 - w.actors_blocked) - 1e-9)
 
 
 def fewer(found: Found, s: Setting, actors: float) -> int:

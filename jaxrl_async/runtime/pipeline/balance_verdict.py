@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from jaxrl_async.runtime.pipeline.balance_window import Bounds, Setting, Window, pooled
 
-TAKES_PRODUCTION = ("in_flight-", "finer", "active_actors-")
+TAKES_PRODUCTION = ("in_flight-", "finer", "active_actors-", "pause_waiting")
 MUST_GAIN = ("active_actors+", "probe_u", "probe_regroup")  # off the rules' path
 # A probe of fewer actors: kept on a tie (within half of `rate_cost`), for actors that make
 # nothing the learner takes are spare: they only add threads, tickets held and lag. Held to a
@@ -34,7 +34,13 @@ MUST_GAIN = ("active_actors+", "probe_u", "probe_regroup")  # off the rules' pat
 # settings, so on either side of `target_idle`). By the throughput alone, as every probe:
 # beside fewer threads the learner runs faster, so it idles more at the same throughput (a
 # tie of -2% read idle 19% -> 26% and was undone as starved).
-SPARE = ("probe_active",)
+# The rules' moves of fewer hands where the learner idles (a pause of actors that wait on
+# tickets, a regroup: half the hands, more tickets) claim a tie as well: the actors paused only
+# waited, so the pause frees no core the learner needs, and it must not cost. Allowed
+# `rate_cost` as other rule moves, they cost it: fast learner, this host, 709768f, pauses
+# from 6 actors to 3 and regroups from U = 1 with 3 to U = 2 with 1 each read within 5% and
+# ended 8 seeds at 0.89-0.99 of the fixed 6 actors (0.931 over the 8: BUILD_NOTES).
+SPARE = ("probe_active", "pause_waiting", "regroup")
 STAY_WINDOWS = 8  # the latest windows at a kept setting its throughput is read from
 MEDIAN_FROM = 3  # windows from which a stretch's throughput is its median window's
 
