@@ -190,6 +190,26 @@ def test_a_probe_of_fewer_actors_is_kept_on_a_tie_but_not_on_a_cost():
   assert d.lever == "active_actors-" and c.setting.active_actors == 1
 
 
+def test_a_kept_move_is_judged_again_over_its_stays():
+  """A probe 2 -> 1 actors read a tie in its first windows and lost 5% from then on (512,512,
+  this host): once 1 actor's stays hold `STAY_WINDOWS` windows the probe is judged again over
+  them, and undone. A move that still holds there is kept, and not judged a third time."""
+  for later, undone in ((19, True), (20, False)):
+    c = controller(u=8, f=16, active=2, num_actors=2)
+    assert c.step(window(idle=0.0, lag=0.4)).setting.active_actors == 1
+    assert c.step(window(idle=0.0, lag=0.3)) is None  # a tie: a close call waits
+    assert c.step(window(idle=0.0, lag=0.3)) is None  # kept: 1 actor is the floor
+    for _ in range(STAY_WINDOWS - 3):
+      assert c.step(window(idle=0.0, lag=0.3, consumed=later)) is None
+    d = c.step(window(idle=0.0, lag=0.3, consumed=later))
+    if undone:
+      assert d.lever == "undo" and c.setting.active_actors == 2
+      assert "after probe_active, judged again over its 8 windows: undone" in d.reason
+    else:
+      assert d is None and c.setting.active_actors == 1
+      assert all(c.step(window(idle=0.0, lag=0.3, consumed=19)) is None for _ in range(9))
+
+
 def test_the_next_u_doubles_up_to_the_largest_allowed():
   """U = 4 of 1-6 goes to 6, not 5 (a quarter more rarely reads a gain); a hole in the
   choices (U must divide the minibatches) takes the next allowed."""

@@ -52,6 +52,8 @@ Bounds are forgotten when the learner's rate at a held setting (read over enough
 time an update by) moves by more than `replan` from what it was there before (a second job on
 the device: balance_rates.py); a move under which the learner's rate moved that much, past
 what the move itself explains, is undone unjudged (`_unjudged`).
+A kept move is judged once more when its setting's stays hold `STAY_WINDOWS` windows
+(`Kept.due`): a verdict's first windows can read a tie that the stay does not.
 Throughput is read between finished updates where the windows are timed (`Window.timed`), so
 no count's rounding enters a verdict. A first window after a move that lost five times
 `rate_cost`, and more than its grain, is a verdict on its own. Decisions carry their reasons.
@@ -118,7 +120,12 @@ class BalanceController:
       undo = self._unjudged(trial, w) or self._judge(trial, after)
       if undo is not None:
         return undo
+      self._kept.reached(self.setting, trial)
     self._kept.keep(self.setting)  # judged and kept, or never moved from
+    again = self._kept.due(self.setting)  # and once more over its stays
+    undo = again and self._judge(again, list(self._kept.stay(self.setting)), again=True)
+    if undo:
+      return undo
     if w.learner_idle > self.bounds.target_idle:
       return self._produce_more(w)
     return self._consume_faster(w)
@@ -134,9 +141,10 @@ class BalanceController:
     return len(after) < self.bounds.undo_windows and verdict(
         trial, after, self.bounds, self._kept.best(but=self.setting)) is not None
 
-  def _judge(self, trial: Trial, after: list[Window]) -> Decision | None:
+  def _judge(self, trial: Trial, after: list[Window], again: bool = False) -> Decision | None:
     """Undoes the last move if it cost throughput (or gained nothing, for a resume or a
-    probe; `balance_verdict.verdict`), and keeps what it learned as a bound."""
+    probe; `balance_verdict.verdict`), and keeps what it learned as a bound; `again`: a kept
+    move judged once more over its stays (`Kept.due`)."""
     s, w, found = self.setting, pooled(after), self.found
     why = verdict(trial, after, self.bounds, self._kept.best(but=s))
     if trial.kind in ("probe_active", "regroup", "probe_regroup") and why is None:
@@ -179,7 +187,8 @@ class BalanceController:
       bound = f"not U = {u} with {s.active_actors} actors again"
     else:
       bound = "not again at this point"
-    return self._move(back, "undo", w, f"{why}: undone; {bound}", judged=False)
+    over = f", judged again over its {len(after)} windows" if again else ""
+    return self._move(back, "undo", w, f"{why}{over}: undone; {bound}", judged=False)
 
   def _produce_more(self, w: Window) -> Decision | None:
     b, s = self.bounds, self.setting
