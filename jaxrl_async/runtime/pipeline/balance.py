@@ -16,9 +16,10 @@ learner idle over `target_idle` (production is short):
     wait more than twice their target, actors pause down to as many as the tickets employ at
     once, in one move (the tickets, not the hands, are short: the others only wait; a spare
     must then earn its wait as a resume); where a larger U and a pause are each bounded here,
-    both at once: half the actors with the next U (`regroup`); each kept on a tie only, for
-    the actors paused only waited (balance_verdict.SPARE), and a pause to more than the
-    tickets employ that cost is the last at its U (the waiting spares hide the hand-over);
+    both at once: half the actors with the next U (`regroup`); each may cost `rate_cost`
+    only where it ends the wait, else it must tie (the actors paused only waited:
+    balance_verdict.FOR_WAITING), and a pause to more than the tickets employ that cost is the
+    last at its U (the waiting spares hide the hand-over);
   - actors do not wait: a paused actor resumes; for replay the SPI target rises;
   - none is paused (actors that wait do so short of the pause's margin): probe a larger U, then
     half the actors (a probe undone leaves the steps between open), then both at once, each
@@ -136,7 +137,7 @@ class BalanceController:
     sets a dip aside: balance_verdict.py)."""
     if len(after) >= self._pool.maxlen:
       return False
-    if close_call(trial, after, self.bounds.rate_cost):
+    if close_call(trial, after, self.bounds):
       return True
     return len(after) < self.bounds.undo_windows and verdict(
         trial, after, self.bounds, self._kept.best(but=self.setting)) is not None
@@ -217,7 +218,7 @@ class BalanceController:
     # many as the tickets employ at once (the others only wait; whether a spare that hides the
     # hand-over is worth its wait, the resume after this finds out); uncapped, the working
     # share and a spare.
-    waiting = w.actors_blocked > max(2 * b.target_blocked, 0.3)
+    waiting = b.waiting(w.actors_blocked)
     if waiting and s.active_actors > self.found.actors_floor(s.rollouts_per_update):
       employ = probes.employed(b, s, w)
       if b.moves_flight:

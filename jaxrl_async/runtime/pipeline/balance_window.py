@@ -141,6 +141,11 @@ class Bounds:
     if self.max_lag is not None and self.target_lag > self.max_lag:
       raise ValueError(f"target_lag {self.target_lag} is above the cap K = {self.max_lag}")
 
+  def waiting(self, blocked: float) -> bool:
+    """Whether actors blocked `blocked` of the time wait by far (more than twice their target,
+    and a third of the time), not at the margin: what the rules' pauses and regroups are for."""
+    return blocked > max(2 * self.target_blocked, 0.3)
+
   def cap(self, u: int) -> int:
     """The most tickets U allows under K."""
     return (self.max_lag + 1) * u if self.max_lag is not None else u
