@@ -2,6 +2,7 @@
 the faults they are there to find (a leak, a reset optimiser, a resume from the wrong place)."""
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +105,20 @@ def test_threads_of_an_elastic_library_pool_are_counted_apart_from_the_rest():
   assert during["elastic_threads"] == before["elastic_threads"] + 2
   assert during["threads"] == before["threads"] + 1
   assert during["thread_names"][checks.ELASTIC_POOLS[0]] >= 2
+
+
+def test_a_checkpoint_a_kill_cut_short_is_counted_apart_and_only_kills_may_leave_one(tmp_path):
+  """CI at 7ee81ae: a SIGKILL while orbax deleted the oldest step after a save left a numbered
+  folder with state/ and no meta/. The soak records it apart with why (reading it raised), and
+  the check holds it to sessions that were killed."""
+  from tools.soak import Plan, RunDriver
+
+  driver = RunDriver("dqn", [], tmp_path, Plan(1, 1.0), random.Random(0))
+  (driver.run_dir / "checkpoints" / "10880" / "state").mkdir(parents=True)
+  assert driver._read_checkpoints() == [10880] and driver._read_checkpoints() == []
+  assert driver.run["damaged_checkpoints"] == {"10880": "meta/metadata is missing"}
+  assert driver.run["checkpoints"] == {}
+  for ended_by, ok in (("SIGKILL", True), ("SIGTERM", False)):
+    run = {"name": "dqn", "sessions": [{"index": 0, "ended_by": ended_by,
+                                        "damaged_checkpoints": [10880]}]}
+    assert checks.check_damaged(run)[0]["ok"] is ok

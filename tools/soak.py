@@ -71,7 +71,8 @@ class RunDriver:
     self.run_dir, self.events_dir = out_dir / "runs" / name, out_dir / "events"
     self.flags = [*COMMON, *flags, f"--run_dir={self.run_dir}",
                   f"--checkpoint_every_s={plan.checkpoint_every_s:g}"]
-    self.run: dict[str, Any] = {"name": name, "sessions": [], "checkpoints": {}}
+    self.run: dict[str, Any] = {"name": name, "sessions": [], "checkpoints": {},
+                                "damaged_checkpoints": {}}
     self.proc: subprocess.Popen | None = None
     self.session: dict[str, Any] = {}
     self._metrics_offset = 0
@@ -157,17 +158,31 @@ class RunDriver:
     if s["ended_by"] == "SIGTERM" and summary.exists():
       s["summary"] = {k: v for k, v in json.loads(summary.read_text()).items()
                       if k not in ("config", "timings", "layout", "balance_decisions")}
-    self._read_checkpoints()
+    s["damaged_checkpoints"] = self._read_checkpoints()
     newest = checks.newest_checkpoint(self.run_dir)
     s["final_checkpoint"] = newest and newest["version"]
     self.run["sessions"].append(s)
 
-  def _read_checkpoints(self) -> None:
+  def _read_checkpoints(self) -> list[int]:
+    """Reads each checkpoint of the run dir once; returns the versions newly found damaged.
+    A damaged one is recorded apart with why, not read: a SIGKILL can cut short a save, or
+    orbax deleting the oldest step after one (CI, 7ee81ae: a numbered folder left with
+    state/ and replay/ and no meta/). The resume skips it (`check_damaged`)."""
     from jaxrl_async.checkpoint import Checkpointer
 
-    for version in Checkpointer(self.run_dir).resume_candidates():
-      if str(version) not in self.run["checkpoints"]:
-        self.run["checkpoints"][str(version)] = checks.checkpoint_record(self.run_dir, version)
+    ckpt, damaged = Checkpointer(self.run_dir), self.run["damaged_checkpoints"]
+    new = []
+    for version in ckpt.resume_candidates():
+      key = str(version)
+      if key in self.run["checkpoints"] or key in damaged:
+        continue
+      why = ckpt.problem(version)
+      if why is None:
+        self.run["checkpoints"][key] = checks.checkpoint_record(self.run_dir, version)
+      else:
+        damaged[key] = why
+        new.append(version)
+    return new
 
 
 def run_checks(run: dict[str, Any], plan: Plan) -> tuple[list[dict], dict]:
@@ -178,8 +193,8 @@ def run_checks(run: dict[str, Any], plan: Plan) -> tuple[list[dict], dict]:
   max_in_flight = config.rate.max_in_flight if config else 0
   flat = checks.flatness(run, plan.warmup_s)
   found = (checks.check_sessions(run) + checks.check_resumes(run) + checks.check_optimiser(run)
-           + checks.check_faults(run) + checks.check_sigterm(run, max_in_flight)
-           + checks.check_flat(run, flat))
+           + checks.check_damaged(run) + checks.check_faults(run)
+           + checks.check_sigterm(run, max_in_flight) + checks.check_flat(run, flat))
   return found, flat
 
 

@@ -1,9 +1,11 @@
 """What a soak (tools/soak.py) reads from its runs, and the checks it makes of them.
 
 A run is a dict (it goes to results.json as it is): {"name", "sessions": [...],
-"checkpoints": {version: {...}}}. A session holds what the soak saw of one process: how it
-ended, its /proc samples, its events (tools/soak_child.py), the metrics lines it appended, the
-newest checkpoint when it was launched and, for the one that was SIGTERMed, its summary.json.
+"checkpoints": {version: {...}}, "damaged_checkpoints": {version: why}}. A session holds what
+the soak saw of one process: how it ended, its /proc samples, its events
+(tools/soak_child.py), the metrics lines it appended, the newest checkpoint when it was
+launched, the checkpoints found damaged after it and, for the one that was SIGTERMed, its
+summary.json.
 Each check is {"run", "check", "ok", "detail"}.
 """
 
@@ -158,6 +160,18 @@ def check_optimiser(run: dict) -> list[dict]:
             f"v{max(c['version'] for c in records)}); count/version per leaf: "
             f"{ {k: sorted(v) for k, v in by_leaf.items()} }" if records else "no checkpoints read")
   return [_check(run, "optimiser state continued", ok, detail)]
+
+
+def check_damaged(run: dict) -> list[dict]:
+  """A checkpoint that does not restore was cut short by a SIGKILL (a save, or the deletion of
+  the oldest step after one): found only after a killed session. What the kill had in flight
+  is lost, and counted here; the resume reads the newest that restores (`check_resumes`)."""
+  found = {s["index"]: s.get("damaged_checkpoints", []) for s in run["sessions"]}
+  unkilled = {i: v for i, v in found.items() if v and run["sessions"][i]["ended_by"] != "SIGKILL"}
+  return [_check(run, "damaged checkpoints only from kills", not unkilled,
+                 f"{sum(map(len, found.values()))} damaged "
+                 f"({run.get('damaged_checkpoints', {})}); after sessions not killed: "
+                 f"{unkilled}")]
 
 
 def check_faults(run: dict) -> list[dict]:
