@@ -11,7 +11,8 @@ shorter than 12.5 minutes has two. Every --sample_s seconds it samples the proce
 RSS, threads and open files from /proc (device memory comes from the process itself, null
 where the device reports none, as the CPU does). It writes OUT/results.json, OUT/soak.md
 (the table) and OUT/soak.png, checks (tools/soak_checks.py) that after warm-up the samples stay
-within 5%, that every resume continued version, optimiser state and counters, that faults were
+within 5%, that every resume continued version, optimiser state and counters, that a
+checkpoint that does not restore follows only a kill (counted, not read), that faults were
 recovered and only in-flight rollouts lost, and exits 1 naming each failed check.
 """
 
