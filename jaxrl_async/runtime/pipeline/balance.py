@@ -124,9 +124,10 @@ class BalanceController:
       self._kept.reached(self.setting, trial)
     self._kept.keep(self.setting)  # judged and kept, or never moved from
     again = self._kept.due(self.setting)  # and once more over its stays
-    undo = again and self._judge(again, list(self._kept.stay(self.setting)), again=True)
-    if undo:
-      return undo
+    if again is not None:
+      undo = self._judge(again, list(self._kept.stay(self.setting)), again=True)
+      if undo is not None:
+        return undo
     if w.learner_idle > self.bounds.target_idle:
       return self._produce_more(w)
     return self._consume_faster(w)

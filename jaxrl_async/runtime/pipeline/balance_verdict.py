@@ -104,8 +104,10 @@ def line(trial: Trial, after: Sequence[Window], bounds: Bounds) -> float:
   c = bounds.rate_cost
   if trial.kind in MUST_GAIN:
     return 1 + c / 2
+  if trial.kind in SPARE:
+    return 1 - c / 2
   still = trial.kind in FOR_WAITING and bounds.waiting(pooled(list(after)).actors_blocked)
-  return 1 - c / 2 if trial.kind in SPARE or still else 1 - c
+  return 1 - c / 2 if still else 1 - c
 
 
 def starved(trial: Trial, w: Window, idle_cost: float) -> bool:
